@@ -1,0 +1,7 @@
+"""Zephon service: a deterministic streaming data loader for LLM training.
+
+The server distribution holds the engine (:mod:`zephon_server.engine`, never imports gRPC),
+the gRPC service adapter and the ``zephon`` command line.
+"""
+
+__version__ = "0.1.0"
