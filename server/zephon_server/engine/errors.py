@@ -29,3 +29,7 @@ class WorkerError(ZephonError):
         if remote_traceback:
             text += f"\n--- worker traceback ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
+        self._message = message
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        return (type(self), (self.op_name, self._message, self.remote_traceback))

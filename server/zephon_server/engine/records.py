@@ -51,7 +51,7 @@ class SampleMeta:
         doc: DocRef | None = None,
         closes: tuple[DocRef, ...] = (),
         spans: tuple[Span, ...] = (),
-        tombstone: bool = False,
+        tombstone: str = "",
     ) -> None:
         self.lane_id = lane_id
         self.cursor = cursor
@@ -81,9 +81,12 @@ class SampleMeta:
         """Meta for the ``index``-th record derived from this one (extends the cursor)."""
         return self.replace(cursor=(*self.cursor, index), **changes)
 
-    def as_tombstone(self) -> SampleMeta:
-        """Meta of a payload-less record that closes this record's documents."""
-        return self.replace(tombstone=True, spans=())
+    def as_tombstone(self, reason: str) -> SampleMeta:
+        """Meta of a payload-less record that closes this record's documents.
+
+        ``reason`` says why it was dropped (``malformed``, ``filtered``, ``dropped_last``, ...).
+        """
+        return self.replace(tombstone=reason or "dropped", spans=())
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SampleMeta):
@@ -94,7 +97,7 @@ class SampleMeta:
         return hash((self.lane_id, self.cursor))
 
     def __repr__(self) -> str:
-        extra = " tombstone" if self.tombstone else ""
+        extra = f" tombstone={self.tombstone}" if self.tombstone else ""
         return f"SampleMeta(lane={self.lane_id}, cursor={self.cursor}, ds={self.dataset_id}{extra})"
 
 
@@ -117,16 +120,16 @@ class SampleRecord:
 
     @property
     def is_tombstone(self) -> bool:
-        return self.meta.tombstone
+        return bool(self.meta.tombstone)
 
     def with_payload(self, payload: Any, **meta_changes: Any) -> SampleRecord:
         """The same identity with a rebuilt payload (and optionally changed meta fields)."""
         meta = self.meta.replace(**meta_changes) if meta_changes else self.meta
         return SampleRecord(payload, meta)
 
-    def tombstone(self) -> SampleRecord:
+    def tombstone(self, reason: str) -> SampleRecord:
         """A payload-less record closing this record's documents (used when dropping it)."""
-        return SampleRecord(None, self.meta.as_tombstone())
+        return SampleRecord(None, self.meta.as_tombstone(reason))
 
     def __repr__(self) -> str:
         return f"SampleRecord({self.meta!r})"

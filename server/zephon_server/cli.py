@@ -1,0 +1,238 @@
+"""The ``zephon`` command line: explain, dump, and (for now) running the default pipeline.
+
+``zephon explain --config F`` prints the plan. ``zephon dump --config F`` runs the pipeline
+in-process and prints the first N batches of each selected lane as text, JSON lines, or
+digest lines ``<lane> <seq> <chain_digest_hex>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .engine.errors import ZephonError
+from .engine.execution import RUNNERS, ExecutionConfig
+from .engine.pipeline import Pipeline
+from .engine.records import SampleBatch
+
+log = logging.getLogger("zephon")
+
+
+def parse_lanes(text: str | None) -> list[int] | None:
+    """``"0,1,4-7"`` → ``[0, 1, 4, 5, 6, 7]``; None stays None (all lanes)."""
+    if not text:
+        return None
+    lanes: list[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                lanes.extend(range(int(lo), int(hi) + 1))
+            else:
+                lanes.append(int(part))
+    except ValueError:
+        raise ZephonError(f"--lanes: expected a list like 0,1,4-7, got {text!r}") from None
+    return lanes
+
+
+def load_pipeline(args: argparse.Namespace) -> tuple[Pipeline, ExecutionConfig]:
+    """The pipeline named by --config or --pipeline, or the embedded default."""
+    if getattr(args, "config", None) and getattr(args, "pipeline", None):
+        raise ZephonError("give either --config or --pipeline, not both")
+    if getattr(args, "config", None):
+        from .engine.config import load_config
+
+        pipeline, execution = load_config(args.config)
+    elif getattr(args, "pipeline", None):
+        from .engine.ops.map_transform import resolve_callable
+
+        pipeline, execution = _python_pipeline(
+            resolve_callable(_import_path(args.pipeline), what="--pipeline")
+        )
+    else:
+        from .defaults import default_pipeline
+
+        pipeline, execution = default_pipeline(), ExecutionConfig()
+    overrides = {"runner": getattr(args, "runner", None), "workers": getattr(args, "workers", None)}
+    return pipeline, execution.with_overrides(**overrides)
+
+
+def _import_path(spec: str) -> str:
+    """Accept ``file.py:function`` by importing the file as a module."""
+    import importlib.util
+    import os
+
+    path, _, func = spec.rpartition(":")
+    if not path.endswith(".py"):
+        return spec
+    if not os.path.isfile(path):
+        raise ZephonError(f"--pipeline: file {path!r} does not exist")
+    name = "zephon_user_pipeline_" + os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec and module_spec.loader
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    return f"{name}:{func}"
+
+
+def _python_pipeline(fn: Any) -> tuple[Pipeline, ExecutionConfig]:
+    result = fn()
+    if isinstance(result, tuple):
+        pipeline, execution = result
+    else:
+        pipeline, execution = result, ExecutionConfig()
+    if not isinstance(pipeline, Pipeline):
+        raise ZephonError(
+            "--pipeline: the function must return a Pipeline "
+            "(or a (Pipeline, ExecutionConfig) tuple)"
+        )
+    return pipeline, execution
+
+
+def batch_json(batch: SampleBatch) -> dict[str, Any]:
+    """A JSON-able view of a batch (tensors as nested lists)."""
+    return {
+        "lane": batch.lane_id,
+        "seq": batch.seq,
+        "digest": batch.digest.hex(),
+        "chain_digest": batch.chain_digest.hex(),
+        "tensors": {
+            k: {"dtype": str(v.dtype), "shape": list(v.shape), "data": v.tolist()}
+            for k, v in sorted(batch.tensors.items())
+        },
+        "rows": [
+            [[*list(span.doc), span.start, span.length] for span in meta.spans]
+            for meta in batch.rows
+        ],
+    }
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    pipeline, execution = load_pipeline(args)
+    print(pipeline.explain(execution))
+    return 0
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    pipeline, execution = load_pipeline(args)
+    lanes = parse_lanes(args.lanes)
+    plan = pipeline.plan(execution)
+    from .engine.run import PipelineRun
+
+    run = PipelineRun(plan, lanes=lanes)
+    wanted = args.batches
+    counts = dict.fromkeys(run.lanes, 0)
+    open_lanes = set(run.lanes)
+    out = sys.stdout
+    for item in run:
+        if not isinstance(item, SampleBatch):
+            open_lanes.discard(item.lane_id)
+        elif counts[item.lane_id] < wanted:
+            counts[item.lane_id] += 1
+            if args.format == "digest":
+                out.write(f"{item.lane_id} {item.seq} {item.chain_digest.hex()}\n")
+            elif args.format == "json":
+                out.write(json.dumps(batch_json(item)) + "\n")
+            else:
+                shapes = " ".join(f"{k}{list(v.shape)}" for k, v in sorted(item.tensors.items()))
+                out.write(
+                    f"lane {item.lane_id} seq {item.seq} tokens {item.num_tokens()} "
+                    f"{shapes} chain {item.chain_digest.hex()[:16]}\n"
+                )
+            if counts[item.lane_id] >= wanted:
+                open_lanes.discard(item.lane_id)
+        if not open_lanes:
+            break
+    run.close()
+    return 0
+
+
+def cmd_run_default(args: argparse.Namespace) -> int:
+    """Run the embedded default pipeline in-process, logging batches and throughput."""
+    pipeline, execution = load_pipeline(args)
+    print(pipeline.explain(execution))
+    run = pipeline.run(execution)
+    start = last = time.monotonic()
+    batches = tokens = 0
+    for batch in run.batches():
+        batches += 1
+        tokens += batch.num_tokens()
+        now = time.monotonic()
+        if batches <= 3 or now - last >= 1.0:
+            last = now
+            log.info(
+                "lane %d seq %d %s | %d batches, %.0f tokens/s",
+                batch.lane_id,
+                batch.seq,
+                {k: list(v.shape) for k, v in batch.tensors.items()},
+                batches,
+                tokens / max(now - start, 1e-9),
+            )
+        if args.batches and batches >= args.batches:
+            break
+    run.close()
+    elapsed = time.monotonic() - start
+    log.info(
+        "done: %d batches, %d tokens in %.2fs (%.0f tokens/s)",
+        batches,
+        tokens,
+        elapsed,
+        tokens / max(elapsed, 1e-9),
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every sub-command."""
+    parser = argparse.ArgumentParser(prog="zephon", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def pipeline_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="pipeline YAML file")
+        p.add_argument("--pipeline", help="Python pipeline, file.py:function or module:function")
+        p.add_argument("--runner", choices=RUNNERS, help="override execution.runner")
+        p.add_argument("--workers", type=int, help="override execution.workers")
+
+    p = sub.add_parser("explain", help="print the compiled plan")
+    pipeline_args(p)
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("dump", help="run in-process and print the first N batches of each lane")
+    pipeline_args(p)
+    p.add_argument("--lanes", help="lanes to dump, e.g. 0,1 or 0-3 (default: all)")
+    p.add_argument("--batches", type=int, default=4, help="batches per lane (default 4)")
+    p.add_argument("--format", choices=("text", "json", "digest"), default="text")
+    p.set_defaults(func=cmd_dump)
+
+    p = sub.add_parser("run-default", help="run a pipeline in-process with throughput logs")
+    pipeline_args(p)
+    p.add_argument("--batches", type=int, default=400, help="stop after N batches (0: all)")
+    p.set_defaults(func=cmd_run_default)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``zephon`` command."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except ZephonError as exc:
+        print(f"zephon: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

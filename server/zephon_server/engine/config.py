@@ -1,0 +1,153 @@
+"""YAML pipeline configs: load, validate with errors that name the key, build a Pipeline.
+
+Binding keys::
+
+    seed: 1234
+    lanes: 8
+    chunk_size: 256
+    flush_every_k_chunks: 8
+    datasets:
+      - {name: web, path: data/web, weight: 0.7}
+      - {name: code, path: "data/code/*.parquet", weight: 0.3, text_field: content,
+         on_error: skip}
+    pipeline:
+      - decode_text: {}
+      - tokenize: {tokenizer: byte}        # or a path to tokenizer.json
+      - batch: {microbatch_size: 8}
+    execution: {runner: threads, workers: 4, deterministic: true}
+
+Relative dataset and tokenizer paths resolve against the config file's directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from .datasets import DatasetSpec
+from .errors import ConfigError
+from .execution import ExecutionConfig
+from .ops import OPERATORS
+from .pipeline import Pipeline
+
+TOP_LEVEL_KEYS = (
+    "seed",
+    "lanes",
+    "chunk_size",
+    "flush_every_k_chunks",
+    "datasets",
+    "pipeline",
+    "execution",
+)
+DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetSpec))
+
+
+def load_config(path: str | os.PathLike[str]) -> tuple[Pipeline, ExecutionConfig]:
+    """Read a YAML config file into a pipeline and its execution settings."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {str(file)!r} does not exist")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    return parse_config(data, base_dir=str(file.resolve().parent), source=str(file))
+
+
+def parse_config(
+    data: Any, *, base_dir: str = ".", source: str = "config"
+) -> tuple[Pipeline, ExecutionConfig]:
+    """Validate a config mapping and build the pipeline (see the module docstring)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at top level, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown top-level key {unknown[0]!r}; allowed keys: {list(TOP_LEVEL_KEYS)}"
+        )
+    for key in ("datasets", "pipeline"):
+        if key not in data:
+            raise ConfigError(f"{source}: missing required key {key!r}")
+    datasets = [_dataset(i, entry) for i, entry in enumerate(_list(data, "datasets"))]
+    settings = {
+        k: data[k] for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks") if k in data
+    }
+    pipeline = Pipeline(datasets, base_dir=base_dir, **settings)
+    for i, entry in enumerate(_list(data, "pipeline")):
+        name, params = _op_entry(i, entry)
+        params = _resolve_paths(name, params, base_dir)
+        accepted = OPERATORS[name].accepted_params()
+        unknown = sorted(set(params) - set(accepted) - {"kwargs"})
+        if unknown:
+            names = sorted(n for n in accepted if n != "kwargs")
+            raise ConfigError(
+                f"pipeline[{i}].{name}: unknown parameter {unknown[0]!r}; accepted: {names}"
+            )
+        try:
+            pipeline.add(name, **params)
+        except ConfigError as exc:
+            raise ConfigError(f"pipeline[{i}].{name}: {exc}") from exc
+        except TypeError as exc:
+            raise ConfigError(f"pipeline[{i}].{name}: {exc}") from exc
+    execution_data = data.get("execution") or {}
+    if not isinstance(execution_data, dict):
+        raise ConfigError(f"execution: expected a mapping, got {type(execution_data).__name__}")
+    return pipeline, ExecutionConfig.from_mapping(execution_data)
+
+
+def _list(data: dict[str, Any], key: str) -> list[Any]:
+    value = data[key]
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{key}: expected a non-empty list, got {value!r}")
+    return value
+
+
+def _dataset(i: int, entry: Any) -> DatasetSpec:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"datasets[{i}]: expected a mapping with name, path, weight")
+    unknown = sorted(set(entry) - set(DATASET_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"datasets[{i}]: unknown key {unknown[0]!r}; allowed keys: {list(DATASET_KEYS)}"
+        )
+    for key in ("name", "path", "weight"):
+        if key not in entry:
+            raise ConfigError(f"datasets[{i}]: missing required key {key!r}")
+    try:
+        return DatasetSpec(**entry)
+    except ConfigError as exc:
+        raise ConfigError(f"datasets[{i}]: {exc}") from exc
+
+
+def _op_entry(i: int, entry: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(entry, str):
+        entry = {entry: {}}
+    if not isinstance(entry, dict) or len(entry) != 1:
+        raise ConfigError(
+            f"pipeline[{i}]: each step is a one-key mapping like '- tokenize: {{...}}', "
+            f"got {entry!r}"
+        )
+    ((name, params),) = entry.items()
+    if name == "fetch":
+        raise ConfigError(f"pipeline[{i}]: 'fetch' is implicit (always first); remove it")
+    if name not in OPERATORS:
+        raise ConfigError(
+            f"pipeline[{i}]: unknown operator {name!r}; known operators: {sorted(OPERATORS)}"
+        )
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"pipeline[{i}].{name}: parameters must be a mapping, got {params!r}")
+    return name, dict(params)
+
+
+def _resolve_paths(name: str, params: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    tok = params.get("tokenizer")
+    is_file = isinstance(tok, str) and tok.endswith(".json")
+    if name == "tokenize" and is_file and not os.path.isabs(str(tok)):
+        params["tokenizer"] = os.path.join(base_dir, str(tok))
+    return params

@@ -1,0 +1,226 @@
+"""Datasets: named sets of shard files with a mixture weight, resolved to counted shards.
+
+A :class:`DatasetSpec` is what users configure; :func:`resolve_datasets` turns specs into
+:class:`DatasetInfo` objects (the sorted list of shard files with their formats, sizes and row
+counts). Resolution does no I/O beyond listing files and counting rows; counting goes through
+the :class:`~zephon_server.engine.shards.ShardCache`, so the JSONL line index built for counting
+is the one reading uses later.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import numbers
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
+
+logger = logging.getLogger(__name__)
+
+ON_ERROR_POLICIES: tuple[str, ...] = ("fail", "skip")
+EXHAUSTION_POLICIES: tuple[str, ...] = ("stop", "repeat")
+_GLOB_CHARS = frozenset("*?[")
+
+
+def supported_extensions() -> str:
+    """The supported shard file extensions, for error messages."""
+    return ", ".join(EXTENSIONS)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A configured dataset: shard location, mixture weight and per-dataset policies.
+
+    ``path`` is a directory (every shard file with a supported extension below it, recursively,
+    hidden files skipped), a single file, or a glob pattern (``**`` allowed); relative paths
+    resolve against the ``base_dir`` given to :func:`resolve_datasets`. ``format`` overrides
+    the format inferred from each file's extension (use a glob to select files whose names do
+    not carry a supported extension).
+    """
+
+    name: str
+    path: str
+    weight: float
+    text_field: str = "text"
+    on_error: str = "fail"
+    exhaustion: str = "stop"
+    format: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(
+                f"dataset name must be a non-empty string, got {self.name!r} (name every dataset)"
+            )
+        who = f"dataset {self.name!r}"
+        if not isinstance(self.path, str) or not self.path:
+            raise ConfigError(
+                f"{who}: path must be a non-empty string, got {self.path!r} "
+                "(give a directory, a file or a glob pattern)"
+            )
+        weight = self.weight
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+            raise ConfigError(
+                f"{who}: weight must be a number, got {weight!r} (set a positive mixture weight)"
+            )
+        if not math.isfinite(float(weight)) or float(weight) <= 0:
+            raise ConfigError(
+                f"{who}: weight must be > 0, got {weight!r} (set a positive mixture weight)"
+            )
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise ConfigError(
+                f"{who}: text_field must be a non-empty string, got {self.text_field!r} "
+                "(name the field or column holding the text)"
+            )
+        if self.on_error not in ON_ERROR_POLICIES:
+            raise ConfigError(
+                f"{who}: on_error must be one of {list(ON_ERROR_POLICIES)}, got {self.on_error!r}"
+            )
+        if self.exhaustion not in EXHAUSTION_POLICIES:
+            raise ConfigError(
+                f"{who}: exhaustion must be one of {list(EXHAUSTION_POLICIES)}, "
+                f"got {self.exhaustion!r}"
+            )
+        if self.format is not None and self.format not in FORMATS:
+            raise ConfigError(
+                f"{who}: format must be one of {list(FORMATS)} or None (infer from the "
+                f"extension), got {self.format!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard file: absolute path, format, size in bytes and number of rows."""
+
+    path: str
+    format: str
+    size_bytes: int
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A resolved dataset: its spec, its position in the dataset list and its shards."""
+
+    spec: DatasetSpec
+    index: int
+    shards: tuple[ShardInfo, ...]
+
+    @property
+    def name(self) -> str:
+        """The dataset's name."""
+        return self.spec.name
+
+    @property
+    def num_rows(self) -> int:
+        """Total rows over all shards."""
+        return sum(s.num_rows for s in self.shards)
+
+    @property
+    def size_bytes(self) -> int:
+        """Total size of the shard files on disk."""
+        return sum(s.size_bytes for s in self.shards)
+
+
+def resolve_datasets(
+    specs: Sequence[DatasetSpec],
+    base_dir: str | os.PathLike[str] = ".",
+    cache: ShardCache | None = None,
+) -> list[DatasetInfo]:
+    """List and count the shards of every dataset, in order.
+
+    Raises :class:`ConfigError` for an empty list, duplicate names, a missing path, a path with
+    no supported files, or a dataset with zero rows in total. Unreadable shards raise
+    :class:`~zephon_server.engine.errors.DataError`.
+    """
+    if not specs:
+        raise ConfigError("datasets: at least one dataset is required (add a dataset spec)")
+    cache = cache if cache is not None else default_cache()
+    base = os.path.abspath(os.fspath(base_dir))
+    seen: set[str] = set()
+    infos: list[DatasetInfo] = []
+    for index, spec in enumerate(specs):
+        if not isinstance(spec, DatasetSpec):
+            raise ConfigError(
+                f"datasets[{index}]: expected a DatasetSpec, got {type(spec).__name__}"
+            )
+        if spec.name in seen:
+            raise ConfigError(
+                f"dataset {spec.name!r} is defined more than once (give every dataset a "
+                "unique name)"
+            )
+        seen.add(spec.name)
+        shards = tuple(
+            ShardInfo(path, fmt, os.stat(path).st_size, cache.num_rows(path, fmt))
+            for path, fmt in _list_shards(spec, base)
+        )
+        info = DatasetInfo(spec=spec, index=index, shards=shards)
+        if info.num_rows == 0:
+            raise ConfigError(
+                f"dataset {spec.name!r}: its {len(shards)} shard file(s) under {spec.path!r} "
+                "hold no rows (add data or remove the dataset)"
+            )
+        logger.info(
+            "dataset %r: %d shards, %d rows, %d bytes",
+            spec.name,
+            len(shards),
+            info.num_rows,
+            info.size_bytes,
+        )
+        infos.append(info)
+    return infos
+
+
+def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
+    """(absolute path, format) of every shard of ``spec``, sorted by path."""
+    who = f"dataset {spec.name!r}"
+    raw = os.path.expanduser(spec.path)
+    full = os.path.abspath(raw if os.path.isabs(raw) else os.path.join(base, raw))
+    if any(c in _GLOB_CHARS for c in raw):
+        files = sorted(p for p in glob.glob(full, recursive=True) if os.path.isfile(p))
+        if not files:
+            raise ConfigError(
+                f"{who}: pattern {full!r} matches no files (check the path and the pattern; "
+                f"relative paths resolve against {base!r})"
+            )
+        where = f"pattern {full!r}"
+    elif os.path.isdir(full):
+        files = []
+        for root, dirs, names in os.walk(full):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            files.extend(os.path.join(root, n) for n in names if not n.startswith("."))
+        files.sort()
+        where = f"directory {full!r}"
+    elif os.path.isfile(full):
+        fmt = spec.format or infer_format(full)
+        if fmt is None:
+            raise ConfigError(
+                f"{who}: file {full!r} has an unsupported extension; supported: "
+                f"{supported_extensions()} (rename it or set format)"
+            )
+        return [(full, fmt)]
+    else:
+        raise ConfigError(
+            f"{who}: path {full!r} does not exist (configured as {spec.path!r}, relative paths "
+            f"resolve against {base!r}; fix the path or the base directory)"
+        )
+    shards: list[tuple[str, str]] = []
+    is_pattern = where.startswith("pattern")
+    for path in files:
+        fmt = infer_format(path)
+        # The override applies to every file a pattern selects, but a directory still picks
+        # its files by extension (so stray files such as READMEs are not read as data).
+        if spec.format is not None and (fmt is not None or is_pattern):
+            fmt = spec.format
+        if fmt is not None:
+            shards.append((path, fmt))
+    if not shards:
+        raise ConfigError(
+            f"{who}: {where} holds no shard files with a supported extension "
+            f"({supported_extensions()}); add data files or point path at them"
+        )
+    return shards

@@ -1,0 +1,56 @@
+"""Execution settings: pure performance knobs that never change the data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from .errors import ConfigError
+
+RUNNERS = ("inline", "threads", "processes", "ray")
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How a pipeline runs: runner kind, workers per operator, ordering, fusion, queues.
+
+    ``deterministic=False`` forwards results in completion order and allows latency flushes:
+    every record is still delivered exactly once, but the order may vary between runs.
+    """
+
+    runner: str = "threads"
+    workers: int = 2
+    deterministic: bool = True
+    fuse: bool = True
+    queue_depth: int = 4
+
+    def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ConfigError(
+                f"execution.runner: unknown runner {self.runner!r}; choose one of {RUNNERS}"
+            )
+        for name in ("workers", "queue_depth"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"execution.{name}: must be an integer >= 1, got {value!r}")
+        for name in ("deterministic", "fuse"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"execution.{name}: must be true or false, got {getattr(self, name)!r}"
+                )
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None) -> ExecutionConfig:
+        """Build from a config mapping, rejecting unknown keys by name."""
+        data = dict(data or {})
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ConfigError(
+                f"execution: unknown key {unknown[0]!r}; allowed keys: {sorted(allowed)}"
+            )
+        return cls(**data)
+
+    def with_overrides(self, **overrides: Any) -> ExecutionConfig:
+        """A copy with the non-None overrides applied (CLI flags)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,216 @@
+"""The operator contract: traits, context, and the base class every operator subclasses.
+
+An operator never knows how it is executed. The runner drives its accumulator serially and
+hands micro-batches to ``process_many`` on any number of workers, so ``process_many`` must be
+stateless across calls. The base class wraps the user hooks (:meth:`Operator.run_many`):
+tombstones pass around ``process_many`` untouched and in place, and results are type-checked.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..errors import ConfigError
+from ..records import SampleBatch, SampleRecord
+from .accumulators import Accumulator, CountingAccumulator
+
+#: Parameters every operator accepts that only steer execution (never part of the fingerprint).
+EXECUTION_PARAMS = ("parallelism", "microbatch_size", "placement")
+PLACEMENTS = ("local", "remote")
+
+
+@dataclass(frozen=True)
+class OpTraits:
+    """What an operator declares to the planner.
+
+    ``preserves_cursor_order``: output records leave in the order their inputs arrived (so the
+    operator needs no epoch reset for replay). ``fusable``: the accumulator is a plain
+    count-based grouping and ``process_many`` is stateless, so the planner may run the
+    operator in the same worker call as its neighbours.
+    """
+
+    preserves_cursor_order: bool = True
+    fusable: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("preserves_cursor_order", "fusable"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"OpTraits.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+@dataclass
+class OpContext:
+    """Runtime services and plan metadata handed to ``setup`` and ``accumulator``."""
+
+    op_name: str
+    op_index: int
+    lanes: int
+    seed: int
+    deterministic: bool = True
+    datasets: tuple[Any, ...] = ()
+    pad_id: int = 0
+    worker_id: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shard_cache(self) -> Any:
+        """The process-wide shard cache (created on first use, so contexts pickle cheaply)."""
+        return _process_shard_cache()
+
+
+_SHARD_CACHE: Any = None
+_SHARD_CACHE_LOCK = threading.Lock()
+
+
+def _process_shard_cache() -> Any:
+    global _SHARD_CACHE
+    with _SHARD_CACHE_LOCK:
+        if _SHARD_CACHE is None:
+            from ..shards import ShardCache
+
+            _SHARD_CACHE = ShardCache()
+        return _SHARD_CACHE
+
+
+class Operator:
+    """Base class of every operator, built-in or custom.
+
+    Subclasses set ``op_name`` and ``default_microbatch_size``, store their data-shaping
+    parameters (returned by :meth:`params`) and implement :meth:`process_many`.
+    """
+
+    op_name: ClassVar[str] = "operator"
+    default_microbatch_size: ClassVar[int] = 64
+    #: Latency bound used only in non-deterministic mode (milliseconds).
+    max_latency_ms: ClassVar[float | None] = 50.0
+
+    def __init__(
+        self,
+        *,
+        parallelism: int | None = None,
+        microbatch_size: int | None = None,
+        placement: str = "local",
+    ) -> None:
+        if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
+            raise ConfigError(
+                f"{self.op_name}: parallelism must be an integer >= 1, got {parallelism!r}"
+            )
+        if microbatch_size is not None and (
+            not isinstance(microbatch_size, int) or microbatch_size < 1
+        ):
+            raise ConfigError(
+                f"{self.op_name}: microbatch_size must be an integer >= 1, got {microbatch_size!r}"
+            )
+        if placement not in PLACEMENTS:
+            raise ConfigError(
+                f"{self.op_name}: placement must be one of {PLACEMENTS}, got {placement!r}"
+            )
+        self.parallelism = parallelism
+        self.placement = placement
+        self._microbatch_size = microbatch_size
+
+    # -- contract -------------------------------------------------------------------------
+
+    @property
+    def microbatch_size(self) -> int:
+        """Elements per ``process_many`` call (the accumulator's ``max_batch``)."""
+        return self._microbatch_size or self.default_microbatch_size
+
+    def params(self) -> dict[str, Any]:
+        """The data-shaping parameters (they enter the fingerprint and ``explain``)."""
+        return {}
+
+    def traits(self) -> OpTraits:
+        """Declared traits; the default is an order-preserving, fusable, stateless operator."""
+        return OpTraits()
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        """The accumulator grouping this operator's input into micro-batches.
+
+        The latency bound is dropped when ``deterministic`` is set, so boundaries depend only
+        on counts.
+        """
+        return CountingAccumulator(
+            self.microbatch_size, max_latency_ms=None if deterministic else self.max_latency_ms
+        )
+
+    def setup(self, ctx: OpContext) -> None:
+        """Runs once per worker before any data arrives."""
+        self.ctx = ctx
+
+    def process_many(self, elems: list[Any]) -> list[Any]:
+        """Transform a micro-batch; stateless across calls. Must return records or batches."""
+        raise NotImplementedError(f"{type(self).__name__} must implement process_many")
+
+    def process_one(self, elem: Any) -> list[Any]:
+        """Transform one element; by default a one-element ``process_many``."""
+        return self.process_many([elem])
+
+    # -- template wrapper used by every runner --------------------------------------------
+
+    def run_many(self, elems: Sequence[Any]) -> list[Any]:
+        """Call ``process_many`` on the live elements, keeping tombstones in place.
+
+        Tombstones split the micro-batch into runs; each run goes to ``process_many`` (which
+        is stateless, so the grouping does not matter) and the tombstones are put back where
+        they were, so order is preserved exactly.
+        """
+        out: list[Any] = []
+        run: list[Any] = []
+        for elem in elems:
+            if type(elem) is SampleRecord and elem.meta.tombstone:
+                if run:
+                    out.extend(self._checked(self._call(run)))
+                    run = []
+                out.append(elem)
+            else:
+                run.append(elem)
+        if run:
+            out.extend(self._checked(self._call(run)))
+        return out
+
+    def _call(self, run: list[Any]) -> list[Any]:
+        if len(run) == 1:
+            return self.process_one(run[0])
+        return self.process_many(run)
+
+    def _checked(self, results: Any) -> list[Any]:
+        if not isinstance(results, list):
+            raise TypeError(
+                f"Unsupported element type: operator {self.op_name!r} returned "
+                f"{type(results).__name__} from process_many; return a list of SampleRecord "
+                "or SampleBatch"
+            )
+        for item in results:
+            if not isinstance(item, SampleRecord | SampleBatch):
+                raise TypeError(
+                    f"Unsupported element type: {type(item).__name__} from operator "
+                    f"{self.op_name!r}; rebuild the payload with record.with_payload(...) so the "
+                    "meta (identity and order) is preserved"
+                )
+        return results
+
+    def describe(self) -> str:
+        """One-line description: name and data-shaping parameters."""
+        params = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{self.op_name}({params})"
+
+    @classmethod
+    def accepted_params(cls) -> dict[str, inspect.Parameter]:
+        """Keyword parameters the constructor accepts (used to validate configs)."""
+        accepted: dict[str, inspect.Parameter] = {}
+        for klass in reversed(cls.__mro__):
+            init = klass.__dict__.get("__init__")
+            if init is None:
+                continue
+            for name, param in inspect.signature(init).parameters.items():
+                if name != "self" and param.kind in (
+                    param.KEYWORD_ONLY,
+                    param.POSITIONAL_OR_KEYWORD,
+                ):
+                    accepted[name] = param
+        return accepted

@@ -1,0 +1,134 @@
+"""``batch``: group a lane's records into a :class:`SampleBatch` of padded tensors.
+
+Rows of different lengths are padded to the longest row of the batch (``input_ids`` with the
+tokenizer's pad id, ``labels`` with -100, everything else with 0) and a boolean
+``padding_mask`` marks real tokens. Tombstones do not take a row: they ride along with the
+next batch of their lane so every document's closing is visible in the output.
+
+With ``drop_last=True`` (the default) the accumulator never emits a partial batch: at a flush
+sentinel it *stalls* (the only operator allowed to), and at the end of a lane the partial
+rows become tombstones (reason ``dropped_last``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..records import SampleBatch
+from .accumulators import Accumulator, CountingAccumulator, MicroBatch
+from .base import OpContext, Operator, OpTraits
+
+PAD_VALUES = {"labels": -100}
+
+
+class BatchAccumulator(CountingAccumulator):
+    """Counting accumulator for batches: tombstones ride along, chunk-aware epoch reset."""
+
+    def __init__(self, max_batch: int, drop_last: bool, max_latency_ms: float | None = None):
+        super().__init__(max_batch, max_latency_ms)
+        self.drop_last = drop_last
+
+    def _counts(self, elem: Any) -> bool:
+        return not elem.meta.tombstone
+
+    def try_epoch_reset(self, boundary_chunk_id: int, lane_id: int) -> bool:
+        """Release once every record from before the boundary has left the buffer."""
+        return all(e.meta.chunk_id >= boundary_chunk_id for e in self.pending(lane_id))
+
+    def _drop_partials(self, groups: list[MicroBatch]) -> list[MicroBatch]:
+        if not self.drop_last:
+            return groups
+        return [
+            [e if e.meta.tombstone else e.tombstone("dropped_last") for e in group]
+            for group in groups
+        ]
+
+    def end_lane(self, lane_id: int) -> list[MicroBatch]:
+        return self._drop_partials(super().flush(reset=True, lane_id=lane_id))
+
+    def flush(self, *, reset: bool = False, lane_id: int | None = None) -> list[MicroBatch]:
+        groups = super().flush(reset=reset, lane_id=lane_id)
+        return groups if lane_id is not None else self._drop_partials(groups)
+
+    def poll(self, now: float | None = None) -> list[MicroBatch]:
+        return [] if self.drop_last else super().poll(now)
+
+
+def pad_rows(name: str, rows: Sequence[np.ndarray], length: int, pad_id: int) -> np.ndarray:
+    """Stack 1-D rows into ``[len(rows), length]``, padding each row on the right."""
+    dtype = rows[0].dtype if rows else np.int32
+    fill = pad_id if name == "input_ids" else PAD_VALUES.get(name, 0)
+    out = np.full((len(rows), length), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+class Batch(Operator):
+    """Groups ``microbatch_size`` records of one lane into a padded :class:`SampleBatch`."""
+
+    op_name = "batch"
+
+    def __init__(
+        self,
+        *,
+        microbatch_size: int = 8,
+        drop_last: bool = True,
+        pad_id: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(microbatch_size, int) or microbatch_size < 1:
+            raise ConfigError(
+                f"batch: microbatch_size must be an integer >= 1, got {microbatch_size!r}"
+            )
+        if not isinstance(drop_last, bool):
+            raise ConfigError(f"batch: drop_last must be true or false, got {drop_last!r}")
+        super().__init__(microbatch_size=microbatch_size, **kwargs)
+        self.drop_last = drop_last
+        self.pad_id = pad_id
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "microbatch_size": self.microbatch_size,
+            "drop_last": self.drop_last,
+            "pad_id": self.pad_id,
+        }
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, fusable=False)
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return BatchAccumulator(
+            self.microbatch_size,
+            self.drop_last,
+            max_latency_ms=None if deterministic else self.max_latency_ms,
+        )
+
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        self._pad = self.pad_id if self.pad_id is not None else ctx.pad_id
+
+    def run_many(self, elems: Sequence[Any]) -> list[Any]:
+        # Tombstones are part of the batch (its closing list), so no tombstone splitting here.
+        return self._checked(self.process_many(list(elems)))
+
+    def process_many(self, elems: list[Any]) -> list[Any]:
+        rows = [e for e in elems if not e.meta.tombstone]
+        tombstones = tuple(e.meta for e in elems if e.meta.tombstone)
+        lane = elems[0].meta.lane_id
+        tensors: dict[str, np.ndarray] = {}
+        if rows:
+            names = sorted(k for k, v in rows[0].payload.items() if isinstance(v, np.ndarray))
+            length = max(len(r.payload["input_ids"]) for r in rows)
+            for name in names:
+                tensors[name] = pad_rows(name, [r.payload[name] for r in rows], length, self._pad)
+            if "padding_mask" not in tensors:
+                mask = np.zeros((len(rows), length), dtype=np.bool_)
+                for i, r in enumerate(rows):
+                    mask[i, : len(r.payload["input_ids"])] = True
+                tensors["padding_mask"] = mask
+        return [SampleBatch(lane, tensors, tuple(r.meta for r in rows), tombstones)]

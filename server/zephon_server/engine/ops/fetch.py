@@ -1,0 +1,55 @@
+"""``fetch``: the implicit first operator; reads the rows a micro-batch points at.
+
+Pointers are grouped by shard so each shard is touched once per micro-batch and only the
+requested rows are read (the shard cache keeps JSONL line indexes and decompressed shards).
+JSONL rows come out as ``{"raw": bytes}``, Parquet rows as ``{"text": str | None}``;
+``decode_text`` turns both into text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+from ..errors import DataError
+from ..records import SampleRecord
+from .base import OpContext, Operator
+
+log = logging.getLogger(__name__)
+
+
+class Fetch(Operator):
+    """Reads source rows for pointer records (inserted by the planner; never configured)."""
+
+    op_name = "fetch"
+    default_microbatch_size = 64
+
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        self._datasets = ctx.datasets
+        self._cache = ctx.shard_cache
+
+    def process_many(self, elems: list[Any]) -> list[Any]:
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, rec in enumerate(elems):
+            doc = rec.meta.doc
+            groups[(doc.dataset, doc.shard)].append(i)
+        out: list[Any] = [None] * len(elems)
+        for (ds_index, shard_index), positions in groups.items():
+            info = self._datasets[ds_index]
+            shard = info.shards[shard_index]
+            rows = [elems[i].meta.doc.row for i in positions]
+            try:
+                values = self._cache.read_rows(shard, rows, info.spec.text_field)
+            except DataError as exc:
+                if info.spec.on_error != "skip":
+                    raise
+                log.warning("skipping %d rows of unreadable shard: %s", len(positions), exc)
+                for i in positions:
+                    out[i] = elems[i].tombstone("read_error")
+                continue
+            key = "text" if shard.format == "parquet" else "raw"
+            for i, value in zip(positions, values):
+                out[i] = SampleRecord({key: value}, elems[i].meta)
+        return out

@@ -1,0 +1,162 @@
+"""Pipeline definitions: what shapes the data, built in Python or loaded from YAML.
+
+A :class:`Pipeline` holds the datasets, the operator chain and the data-shaping settings
+(seed, lanes, chunk size, sentinel cadence). Execution settings live apart in
+:class:`~zephon_server.engine.execution.ExecutionConfig`, so they can never change the data::
+
+    pipe = (Pipeline([DatasetSpec("web", "data/web", 1.0)], seed=1234, lanes=8)
+            .decode_text()
+            .tokenize(tokenizer="byte")
+            .batch(microbatch_size=8))
+    for batch in pipe.run(ExecutionConfig(runner="threads", workers=4)).batches():
+        ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .datasets import DatasetSpec
+from .errors import ConfigError
+from .execution import ExecutionConfig
+from .ops import OPERATORS, Operator
+
+if TYPE_CHECKING:
+    from .planner import Plan
+    from .run import PipelineRun
+
+FINGERPRINT_VERSION = 1
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class Pipeline:
+    """Datasets + operators + data-shaping settings; immutable once planned."""
+
+    def __init__(
+        self,
+        datasets: Sequence[DatasetSpec],
+        *,
+        seed: int = 0,
+        lanes: int = 8,
+        chunk_size: int = 256,
+        flush_every_k_chunks: int = 8,
+        base_dir: str = ".",
+        ops: Sequence[Operator] = (),
+    ) -> None:
+        if not datasets:
+            raise ConfigError("datasets: at least one dataset is required")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ConfigError(f"seed: must be an integer, got {seed!r}")
+        self.datasets = list(datasets)
+        self.seed = seed
+        self.lanes = _positive_int("lanes", lanes)
+        self.chunk_size = _positive_int("chunk_size", chunk_size)
+        self.flush_every_k_chunks = _positive_int("flush_every_k_chunks", flush_every_k_chunks)
+        self.base_dir = base_dir
+        self.ops: list[Operator] = list(ops)
+
+    # -- builder --------------------------------------------------------------------------
+
+    def apply(self, op: Operator) -> Pipeline:
+        """Append an operator instance (built-in or custom); returns self for chaining."""
+        if not isinstance(op, Operator):
+            raise ConfigError(f"pipeline: expected an Operator, got {type(op).__name__}")
+        self.ops.append(op)
+        return self
+
+    def add(self, name: str, **params: Any) -> Pipeline:
+        """Append a built-in operator by its config name."""
+        cls = OPERATORS.get(name)
+        if cls is None:
+            raise ConfigError(
+                f"pipeline: unknown operator {name!r}; known operators: {sorted(OPERATORS)}"
+            )
+        return self.apply(cls(**params))
+
+    def decode_text(self, **params: Any) -> Pipeline:
+        return self.add("decode_text", **params)
+
+    def tokenize(self, **params: Any) -> Pipeline:
+        return self.add("tokenize", **params)
+
+    def map_transform(self, fn: Callable[..., Any] | str, **params: Any) -> Pipeline:
+        return self.add("map_transform", fn=fn, **params)
+
+    def batch(self, **params: Any) -> Pipeline:
+        return self.add("batch", **params)
+
+    def __getattr__(self, name: str) -> Callable[..., Pipeline]:
+        if name in OPERATORS:
+            return lambda **params: self.add(name, **params)
+        raise AttributeError(name)
+
+    # -- planning and running ---------------------------------------------------------------
+
+    def plan(self, execution: ExecutionConfig | None = None) -> Plan:
+        """Compile into stages for ``execution`` (validates datasets and the chain)."""
+        from .planner import compile_plan
+
+        return compile_plan(self, execution or ExecutionConfig())
+
+    def explain(self, execution: ExecutionConfig | None = None) -> str:
+        """Human-readable plan: stages, runner, operators with parallelism and micro-batch."""
+        return self.plan(execution).explain()
+
+    def run(self, execution: ExecutionConfig | None = None, **kwargs: Any) -> PipelineRun:
+        """Start a run; iterate it for batches (see :class:`PipelineRun`)."""
+        from .run import PipelineRun
+
+        return PipelineRun(self.plan(execution), **kwargs)
+
+
+def fingerprint(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> str:
+    """sha256 over everything that shapes data; execution settings are excluded.
+
+    Covers datasets (names, weights, policies, file names, sizes and row counts), operator
+    parameters (tokenizer identity included), seed, lanes, chunk size and sentinel cadence.
+    """
+    doc = fingerprint_document(pipeline, dataset_infos)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def fingerprint_document(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> dict[str, Any]:
+    """The plain data the fingerprint hashes (also used to say *what* differs)."""
+    datasets = []
+    for info in dataset_infos:
+        spec = info.spec
+        datasets.append(
+            {
+                "name": spec.name,
+                "weight": spec.weight,
+                "text_field": spec.text_field,
+                "on_error": spec.on_error,
+                "exhaustion": spec.exhaustion,
+                "shards": [
+                    [s.path.rsplit("/", 1)[-1], s.size_bytes, s.num_rows] for s in info.shards
+                ],
+            }
+        )
+    return {
+        "version": FINGERPRINT_VERSION,
+        "seed": pipeline.seed,
+        "lanes": pipeline.lanes,
+        "chunk_size": pipeline.chunk_size,
+        "flush_every_k_chunks": pipeline.flush_every_k_chunks,
+        "datasets": datasets,
+        "ops": [{"op": op.op_name, **_jsonable(op.params())} for op in pipeline.ops],
+    }
+
+
+def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v if isinstance(v, str | int | float | bool | type(None)) else repr(v)
+        for k, v in params.items()
+    }

@@ -1,0 +1,167 @@
+"""The planner: compiles a pipeline into stages of steps and explains the result.
+
+* ``fetch`` is inserted first; ``decode_text`` is inserted after it when the chain does not
+  start with it.
+* The chain must end with ``batch`` (the unit sent to trainers).
+* Consecutive operators with the same placement form a stage. Within a stage, consecutive
+  fusable operators (stateless, count-grouped) are fused into one step when ``fuse`` is on:
+  they run in the same worker call, grouped by the first operator's accumulator. This does
+  not change data, because their grouping is stateless.
+* Runner per stage: ``placement="remote"`` stages use Ray; stages of stateful or batching
+  operators run on threads when the configured runner is ``processes`` (their workers do
+  little, so shipping records to processes would only cost); everything else uses the
+  configured runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .datasets import DatasetInfo, resolve_datasets
+from .errors import ConfigError
+from .execution import ExecutionConfig
+from .ops import Batch, DecodeText, Fetch, OpContext, Operator, Tokenize
+from .pipeline import Pipeline, fingerprint
+from .runners.steps import Step
+
+
+@dataclass
+class StagePlan:
+    """A group of steps executed by one runner."""
+
+    index: int
+    runner: str
+    steps: list[Step]
+
+
+@dataclass
+class Plan:
+    """A compiled pipeline: stages, resolved datasets, fingerprint and execution settings."""
+
+    pipeline: Pipeline
+    execution: ExecutionConfig
+    datasets: list[DatasetInfo]
+    ops: list[Operator]
+    stages: list[StagePlan] = field(default_factory=list)
+    pad_id: int = 0
+    fingerprint: str = ""
+
+    def context(self, op: Operator, index: int, worker_id: int = 0) -> OpContext:
+        """The OpContext handed to ``op`` (the ``index``-th operator of the plan)."""
+        return OpContext(
+            op_name=op.op_name,
+            op_index=index,
+            lanes=self.pipeline.lanes,
+            seed=self.pipeline.seed,
+            deterministic=self.execution.deterministic,
+            datasets=tuple(self.datasets),
+            pad_id=self.pad_id,
+            worker_id=worker_id,
+        )
+
+    def explain(self) -> str:
+        """Stages, runner per stage, operators with parallelism and micro-batch size."""
+        p = self.pipeline
+        ex = self.execution
+        lines = [
+            f"pipeline {self.fingerprint[:16]}  seed={p.seed} lanes={p.lanes} "
+            f"chunk_size={p.chunk_size} flush_every_k_chunks={p.flush_every_k_chunks}",
+            f"execution: runner={ex.runner} workers={ex.workers} "
+            f"deterministic={ex.deterministic} fuse={ex.fuse}",
+            "datasets:",
+        ]
+        total = sum(d.spec.weight for d in self.datasets)
+        for d in self.datasets:
+            lines.append(
+                f"  {d.spec.name}: weight={d.spec.weight} ({d.spec.weight / total:.1%}) "
+                f"shards={len(d.shards)} rows={d.num_rows} on_error={d.spec.on_error} "
+                f"exhaustion={d.spec.exhaustion}"
+            )
+        for stage in self.stages:
+            lines.append(f"stage {stage.index} [{stage.runner}]")
+            for step in stage.steps:
+                fused = " (fused)" if len(step.ops) > 1 else ""
+                stall = " stalls-at-sentinel" if step.stalls else ""
+                lines.append(
+                    f"  step {step.index}{fused}: parallelism={step.workers} "
+                    f"microbatch={step.microbatch_size}{stall}"
+                )
+                for op in step.ops:
+                    lines.append(f"    {op.describe()}")
+        return "\n".join(lines)
+
+
+def _check_chain(ops: list[Operator]) -> list[Operator]:
+    if not ops or not isinstance(ops[-1], Batch):
+        raise ConfigError(
+            "pipeline: the last operator must be 'batch' (batches are what trainers receive); "
+            "add e.g. '- batch: {microbatch_size: 8}'"
+        )
+    for op in ops[:-1]:
+        if isinstance(op, Batch):
+            raise ConfigError("pipeline: 'batch' may appear only once, as the last operator")
+    if not ops or not isinstance(ops[0], DecodeText):
+        ops = [DecodeText(), *ops]
+    return [Fetch(), *ops]
+
+
+def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
+    """Resolve datasets, check the chain, group into stages and steps."""
+    ops = _check_chain(list(pipeline.ops))
+    datasets = resolve_datasets(pipeline.datasets, base_dir=pipeline.base_dir)
+    tokenizers = [op for op in ops if isinstance(op, Tokenize)]
+    pad_id = tokenizers[-1].tokenizer.pad_id if tokenizers else 0
+    plan = Plan(
+        pipeline,
+        execution,
+        datasets,
+        ops,
+        pad_id=pad_id,
+        fingerprint=fingerprint(pipeline, datasets),
+    )
+
+    # Group into stages by placement, then into steps by fusability.
+    groups: list[list[Operator]] = []
+    for op in ops:
+        if groups and groups[-1][-1].placement == op.placement and _same_stage(groups[-1], op):
+            groups[-1].append(op)
+        else:
+            groups.append([op])
+    step_index = 0
+    for s_index, group in enumerate(groups):
+        steps: list[Step] = []
+        run: list[Operator] = []
+        for op in group:
+            if execution.fuse and run and op.traits().fusable and run[-1].traits().fusable:
+                run.append(op)
+                continue
+            if run:
+                steps.append(Step(run, step_index, _workers(run, execution)))
+                step_index += 1
+            run = [op]
+        steps.append(Step(run, step_index, _workers(run, execution)))
+        step_index += 1
+        plan.stages.append(StagePlan(s_index, _runner_for(group, execution), steps))
+    return plan
+
+
+def _same_stage(group: list[Operator], op: Operator) -> bool:
+    """Map-like (fusable) operators share a stage; stateful ones start their own."""
+    return group[-1].traits().fusable == op.traits().fusable
+
+
+def _workers(ops: list[Operator], execution: ExecutionConfig) -> int:
+    if execution.runner == "inline":
+        return 1
+    explicit = [op.parallelism for op in ops if op.parallelism]
+    return max(explicit) if explicit else execution.workers
+
+
+def _runner_for(group: list[Operator], execution: ExecutionConfig) -> str:
+    if group[0].placement == "remote":
+        return "ray"
+    if execution.runner in ("processes", "ray") and not group[0].traits().fusable:
+        return "threads"
+    if execution.runner == "ray":
+        return "threads"
+    return execution.runner

@@ -1,0 +1,1 @@
+"""Runners: execute a stage's steps (inline, threads, processes, ray)."""

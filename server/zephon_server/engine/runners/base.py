@@ -1,0 +1,248 @@
+"""Runner interface and the pooled-runner skeleton shared by threads, processes and Ray.
+
+A runner executes one *stage* (a list of steps). It consumes an iterator of item lists
+(elements and controls, in stream order) and yields item lists in the same per-lane order.
+The pooled skeleton gives every step a driver thread (accumulator, serial) that dispatches
+tasks to a worker pool with a sequence number, and a collector thread that releases results
+through the step's :class:`ReorderBuffer` to the next step. Bounded queues and the reorder
+buffer's in-flight capacity give backpressure end to end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from ..errors import WorkerError, ZephonError
+from ..reorder import ReorderBuffer, ReorderBufferClosed
+from .steps import StepDriver, Task
+
+log = logging.getLogger(__name__)
+
+ItemList = list[Any]
+_END = object()
+
+
+class _Error:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class StageRunner:
+    """Executes the steps of one stage; subclasses choose where ``Step.run`` executes."""
+
+    kind = "base"
+
+    def __init__(
+        self,
+        drivers: list[StepDriver],
+        *,
+        workers: int = 1,
+        ordered: bool = True,
+        queue_depth: int = 4,
+    ) -> None:
+        self.drivers = drivers
+        self.workers = workers
+        self.ordered = ordered
+        self.queue_depth = queue_depth
+
+    def run(self, upstream: Iterator[ItemList]) -> Iterator[ItemList]:
+        """Consume upstream item lists and yield this stage's output item lists."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop threads and pools (idempotent)."""
+
+    def reorder_depths(self) -> dict[str, int]:
+        """Current reorder-buffer depth per step (pooled runners)."""
+        return {}
+
+
+def execute_inline(items: list[Any]) -> list[Any]:
+    """Run the tasks among ``items`` on the calling thread, keeping controls in place."""
+    out: list[Any] = []
+    for item in items:
+        if type(item) is Task:
+            out.extend(item.step.run(item.elems))
+        else:
+            out.append(item)
+    return out
+
+
+class PooledRunner(StageRunner):
+    """Driver + worker pool + reorder buffer per step; see the module docstring."""
+
+    kind = "pooled"
+    poll_interval = 0.05
+
+    def __init__(self, drivers: list[StepDriver], **kwargs: Any) -> None:
+        super().__init__(drivers, **kwargs)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._buffers: list[ReorderBuffer] = []
+        self._queues: list[queue.Queue[Any]] = []
+
+    # -- subclass hooks -------------------------------------------------------------------
+
+    def start_pool(self) -> None:
+        """Start the workers (called once before data flows)."""
+        raise NotImplementedError
+
+    def submit(self, task: Task) -> Future[list[Any]]:
+        """Run ``task.step.run(task.elems)`` on a worker; a future of its result."""
+        raise NotImplementedError
+
+    def stop_pool(self) -> None:
+        """Stop the workers."""
+
+    # -- skeleton -------------------------------------------------------------------------
+
+    def reorder_depths(self) -> dict[str, int]:
+        return {d.step.name: rb.depth for d, rb in zip(self.drivers, self._buffers)}
+
+    def run(self, upstream: Iterator[ItemList]) -> Iterator[ItemList]:
+        self.start_pool()
+        n = len(self.drivers)
+        self._queues = [queue.Queue(maxsize=self.queue_depth) for _ in range(n + 1)]
+        self._buffers = [
+            ReorderBuffer(max(2, 2 * d.step.workers), ordered=self.ordered) for d in self.drivers
+        ]
+        self._spawn(self._feed, upstream, self._queues[0], name="feeder")
+        for i, driver in enumerate(self.drivers):
+            rb = self._buffers[i]
+            self._spawn(self._drive, driver, self._queues[i], rb, name=f"drive-{driver.step.name}")
+            self._spawn(self._collect, rb, self._queues[i + 1], name=f"collect-{driver.step.name}")
+        out_q = self._queues[-1]
+        try:
+            while True:
+                item = out_q.get()
+                if item is _END:
+                    return
+                if type(item) is _Error:
+                    raise item.exc
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for rb in self._buffers:
+            rb.close()
+        for q in self._queues:  # unblock producers
+            try:
+                while True:
+                    q.get_nowait()
+            except queue.Empty:
+                pass
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
+        self.stop_pool()
+
+    def _spawn(self, target: Callable[..., None], *args: Any, name: str) -> None:
+        t = threading.Thread(target=target, args=args, name=f"zephon-{name}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _put(self, q: queue.Queue[Any], item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _get(self, q: queue.Queue[Any], timeout: float | None) -> Any:
+        return q.get(timeout=timeout)
+
+    def _feed(self, upstream: Iterator[ItemList], q: queue.Queue[Any]) -> None:
+        try:
+            for items in upstream:
+                if not self._put(q, items):
+                    return
+            self._put(q, _END)
+        except BaseException as exc:
+            self._put(q, _Error(exc))
+
+    def _drive(self, driver: StepDriver, q: queue.Queue[Any], rb: ReorderBuffer) -> None:
+        timeout = None if self.ordered else self.poll_interval
+        try:
+            while not self._stop.is_set():
+                try:
+                    items = q.get(timeout=timeout)
+                except queue.Empty:
+                    self._dispatch(driver.poll(), rb)
+                    continue
+                if items is _END:
+                    self._dispatch(driver.finish(), rb)
+                    rb.complete(rb.reserve(), _END, control=True)
+                    return
+                if type(items) is _Error:
+                    rb.complete(rb.reserve(), items, control=True)
+                    return
+                self._dispatch(driver.feed(items), rb)
+                if not self.ordered:
+                    self._dispatch(driver.poll(), rb)
+        except ReorderBufferClosed:
+            return
+        except BaseException as exc:
+            with contextlib.suppress(ReorderBufferClosed):
+                rb.complete(rb.reserve(), _Error(exc), control=True)
+
+    def _dispatch(self, items: list[Any], rb: ReorderBuffer) -> None:
+        for item in items:
+            seq = rb.reserve()
+            if type(item) is Task:
+                future = self.submit(item)
+                future.add_done_callback(_completer(rb, seq, item.step.name))
+            else:
+                rb.complete(seq, item, control=True)
+
+    def _collect(self, rb: ReorderBuffer, q: queue.Queue[Any]) -> None:
+        try:
+            while not self._stop.is_set():
+                batch: list[Any] = []
+                for is_control, item in rb.pop_many():
+                    if is_control and (item is _END or type(item) is _Error):
+                        if batch:
+                            self._put(q, batch)
+                        self._put(q, item)
+                        return
+                    if is_control:
+                        batch.append(item)
+                    else:
+                        batch.extend(item)
+                if batch and not self._put(q, batch):
+                    return
+        except ReorderBufferClosed:
+            return
+        except BaseException as exc:
+            self._put(q, _Error(exc))
+
+
+def _completer(rb: ReorderBuffer, seq: int, step_name: str) -> Callable[[Future[Any]], None]:
+    def done(future: Future[Any]) -> None:
+        try:
+            result = future.result()
+        except ZephonError as exc:
+            rb.fail(seq, exc)
+        except BaseException as exc:
+            tb = getattr(exc, "remote_traceback", "") or "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__)
+            )
+            rb.fail(seq, WorkerError(step_name, f"{type(exc).__name__}: {exc}", tb))
+        else:
+            rb.complete(seq, result)
+
+    return done

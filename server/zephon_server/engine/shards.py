@@ -1,0 +1,474 @@
+"""Reading rows of shard files by index: JSONL (plain, gzip, zstd) and Parquet.
+
+One :class:`ShardCache` per process serves every read. It keeps what makes random access cheap:
+
+* plain JSONL: a *line index* (``int64`` start offsets, 8 bytes per row) built in one pass the
+  first time the shard is counted or read; rows are then read with ``pread`` at their offsets
+  and the file is never rescanned. Line indexes are kept for the life of the cache.
+* ``.jsonl.gz`` / ``.jsonl.zst``: the whole shard is decompressed once and kept, with its line
+  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted).
+* Parquet: row counts come from the footer; rows are read by row group, only the requested
+  text column, and decoded row-group columns share the same LRU budget.
+
+A JSONL row is every ``\\n``-terminated line (blank lines included) plus a final unterminated
+non-empty line; it is returned as raw ``bytes`` without the newline, decoding happens later.
+Parquet rows are returned as ``str`` (or ``bytes`` for binary columns, ``None`` for nulls).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zstandard
+
+from .errors import DataError
+
+if TYPE_CHECKING:
+    from .datasets import ShardInfo
+
+logger = logging.getLogger(__name__)
+
+JSONL = "jsonl"
+JSONL_GZ = "jsonl.gz"
+JSONL_ZST = "jsonl.zst"
+PARQUET = "parquet"
+FORMATS: tuple[str, ...] = (JSONL, JSONL_GZ, JSONL_ZST, PARQUET)
+EXTENSIONS: dict[str, str] = {
+    ".jsonl": JSONL,
+    ".jsonl.gz": JSONL_GZ,
+    ".jsonl.zst": JSONL_ZST,
+    ".parquet": PARQUET,
+}
+DEFAULT_MAX_BYTES = 1 << 30
+
+_BLOCK = 1 << 24  # bytes scanned per step while indexing
+_COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
+_MAX_RUN = 1 << 23  # never read more than this in one pread unless a single row is larger
+_LOCK_STRIPES = 64
+_PY_OBJECT_OVERHEAD = 56  # rough size of a small Python str beyond its characters
+
+
+def infer_format(path: str) -> str | None:
+    """The shard format implied by a file name's extension, or ``None`` if unsupported."""
+    name = path.lower()
+    for ext in sorted(EXTENSIONS, key=len, reverse=True):
+        if name.endswith(ext):
+            return EXTENSIONS[ext]
+    return None
+
+
+def line_starts(data: bytes | bytearray | memoryview) -> np.ndarray:
+    """Row boundaries of an in-memory JSONL buffer (see :func:`index_lines`)."""
+    view = memoryview(data).cast("B")
+    pieces = [np.zeros(1, dtype=np.int64)]
+    for start in range(0, len(view), _BLOCK):
+        block = np.frombuffer(view[start : start + _BLOCK], dtype=np.uint8)
+        pieces.append(np.flatnonzero(block == 10).astype(np.int64) + (start + 1))
+    last = view[-1] if len(view) else 10
+    return _finish_starts(pieces, len(view), last)
+
+
+def index_lines(path: str) -> np.ndarray:
+    """Build the line index of a plain JSONL file in one buffered pass.
+
+    Returns ``starts`` with ``len(starts) == rows + 1``: row ``i`` is the bytes
+    ``[starts[i], starts[i + 1] - 1)`` (the newline excluded). A final unterminated line gets
+    a virtual newline at ``size``, so the same formula holds. Raises ``OSError``.
+    """
+    pieces = [np.zeros(1, dtype=np.int64)]
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    pos = 0
+    last = 10
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(view)
+            if not n:
+                break
+            block = np.frombuffer(view[:n], dtype=np.uint8)
+            pieces.append(np.flatnonzero(block == 10).astype(np.int64) + (pos + 1))
+            last = buf[n - 1]
+            pos += n
+    return _finish_starts(pieces, pos, last)
+
+
+def _finish_starts(pieces: list[np.ndarray], size: int, last: int) -> np.ndarray:
+    if size and last != 10:
+        pieces.append(np.array([size + 1], dtype=np.int64))
+    return np.concatenate(pieces)
+
+
+def _decompress(path: str, fmt: str) -> bytes:
+    """The whole decompressed content of a gzip or zstd shard (all frames/members)."""
+    if fmt == JSONL_GZ:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        return gzip.decompress(raw)
+    parts = []
+    with open(path, "rb") as fh:
+        reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+        while True:
+            part = reader.read(_BLOCK)
+            if not part:
+                break
+            parts.append(part)
+    return b"".join(parts)
+
+
+def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+        raise DataError(f"shard {path}: row {bad} out of range (the shard has {n} rows)")
+
+
+class ShardCache:
+    """Thread-safe, per-process reader of shard rows with bounded caches.
+
+    ``max_bytes`` bounds decompressed JSONL shards and decoded Parquet row groups (LRU).
+    Counters ``hits``, ``misses``, ``evictions``, ``index_builds``, ``decompressions``,
+    ``row_group_reads`` and ``bytes_cached`` are plain attributes for metrics. Pickling a cache
+    yields an empty cache with the same budget, so operators holding one can cross processes.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"ShardCache max_bytes must be an int >= 0, got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        self.bytes_cached = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.index_builds = 0
+        self.decompressions = 0
+        self.row_group_reads = 0
+        self._lock = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        self._lru: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._line_index: dict[str, np.ndarray] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self._parquet: dict[str, tuple[Any, np.ndarray, Any]] = {}
+        self._too_big_warned: set[Hashable] = set()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.max_bytes,))
+
+    # ------------------------------------------------------------------ public API
+
+    def num_rows(self, shard_path: str, fmt: str) -> int:
+        """Number of rows of a shard; builds (and keeps) the index that reading reuses."""
+        key = (shard_path, fmt)
+        with self._lock:
+            count = self._counts.get(key)
+        if count is not None:
+            return count
+        if fmt == JSONL:
+            count = len(self._plain_index(shard_path)) - 1
+        elif fmt in (JSONL_GZ, JSONL_ZST):
+            count = len(self._compressed(shard_path, fmt)[1]) - 1
+        elif fmt == PARQUET:
+            count = int(self._parquet_meta(shard_path)[1][-1])
+        else:
+            raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
+        with self._lock:
+            self._counts[key] = count
+        return count
+
+    def read_rows(
+        self, shard: ShardInfo, rows: Sequence[int], text_field: str
+    ) -> list[bytes | str | None]:
+        """Rows ``rows`` of ``shard`` in the requested order (duplicates allowed).
+
+        JSONL formats return raw line bytes and ignore ``text_field``; Parquet returns the
+        values of column ``text_field``. Raises :class:`DataError` for unreadable files, a
+        missing column or out-of-range rows.
+        """
+        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if shard.format == JSONL:
+            return self._read_plain(shard.path, idx)
+        if shard.format in (JSONL_GZ, JSONL_ZST):
+            data, starts = self._compressed(shard.path, shard.format)
+            _check_rows(shard.path, idx, len(starts) - 1)
+            lo = starts[idx]
+            hi = starts[idx + 1] - 1
+            return [data[a:b] for a, b in zip(lo.tolist(), hi.tolist())]
+        if shard.format == PARQUET:
+            return self._read_parquet(shard.path, idx, text_field)
+        raise DataError(
+            f"shard {shard.path}: unknown format {shard.format!r}; supported: {FORMATS}"
+        )
+
+    def stats(self) -> dict[str, int]:
+        """A snapshot of the cache counters."""
+        with self._lock:
+            return {
+                "hits": self.hits,
+                "misses": self.misses,
+                "evictions": self.evictions,
+                "index_builds": self.index_builds,
+                "decompressions": self.decompressions,
+                "row_group_reads": self.row_group_reads,
+                "bytes_cached": self.bytes_cached,
+                "entries": len(self._lru),
+                "line_indexes": len(self._line_index),
+            }
+
+    def clear(self) -> None:
+        """Drop every cached index, shard and row group (counters are kept)."""
+        with self._lock:
+            self._lru.clear()
+            self._line_index.clear()
+            self._counts.clear()
+            self._parquet.clear()
+            self.bytes_cached = 0
+
+    # ------------------------------------------------------------------ LRU
+
+    def _stripe(self, key: Hashable) -> threading.Lock:
+        return self._stripes[hash(key) % _LOCK_STRIPES]
+
+    def _lru_get(self, key: Hashable) -> Any:
+        with self._lock:
+            item = self._lru.get(key)
+            if item is None:
+                return None
+            self._lru.move_to_end(key)
+            self.hits += 1
+            return item[0]
+
+    def _lru_put(self, key: Hashable, value: Any, nbytes: int) -> None:
+        with self._lock:
+            old = self._lru.pop(key, None)
+            if old is not None:
+                self.bytes_cached -= old[1]
+            if nbytes > self.max_bytes:
+                if key not in self._too_big_warned:
+                    self._too_big_warned.add(key)
+                    logger.warning(
+                        "shard cache entry %r needs %d bytes, more than the whole budget of %d "
+                        "bytes; it will be re-read on every access (raise max_bytes)",
+                        key,
+                        nbytes,
+                        self.max_bytes,
+                    )
+                return
+            while self._lru and self.bytes_cached + nbytes > self.max_bytes:
+                _, (_, freed) = self._lru.popitem(last=False)
+                self.bytes_cached -= freed
+                self.evictions += 1
+            self._lru[key] = (value, nbytes)
+            self.bytes_cached += nbytes
+
+    # ------------------------------------------------------------------ JSONL
+
+    def _plain_index(self, path: str) -> np.ndarray:
+        with self._lock:
+            starts = self._line_index.get(path)
+        if starts is not None:
+            return starts
+        with self._stripe(path):
+            with self._lock:
+                starts = self._line_index.get(path)
+            if starts is not None:
+                return starts
+            try:
+                starts = index_lines(path)
+            except OSError as exc:
+                raise DataError(f"cannot read shard {path}: {exc}") from exc
+            with self._lock:
+                self._line_index[path] = starts
+                self.index_builds += 1
+                self.misses += 1
+            logger.debug("indexed %s: %d rows", path, len(starts) - 1)
+            return starts
+
+    def _read_plain(self, path: str, idx: np.ndarray) -> list[bytes | str | None]:
+        starts = self._plain_index(path)
+        _check_rows(path, idx, len(starts) - 1)
+        out: list[bytes | str | None] = [None] * len(idx)
+        if not len(idx):
+            return out
+        lo = starts[idx]
+        hi = starts[idx + 1] - 1
+        order = np.argsort(lo, kind="stable").tolist()
+        lo_l = lo.tolist()
+        hi_l = hi.tolist()
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise DataError(f"cannot read shard {path}: {exc}") from exc
+        try:
+            run: list[int] = []
+            run_lo = run_hi = 0
+            for i in order:
+                a, b = lo_l[i], hi_l[i]
+                if run and (a - run_hi > _COALESCE_GAP or max(b, run_hi) - run_lo > _MAX_RUN):
+                    self._pread_run(fd, path, run, run_lo, run_hi, lo_l, hi_l, out)
+                    run = []
+                if not run:
+                    run_lo, run_hi = a, b
+                run.append(i)
+                run_hi = max(run_hi, b)
+            self._pread_run(fd, path, run, run_lo, run_hi, lo_l, hi_l, out)
+        except OSError as exc:
+            raise DataError(f"cannot read shard {path}: {exc}") from exc
+        finally:
+            os.close(fd)
+        return out
+
+    @staticmethod
+    def _pread_run(
+        fd: int,
+        path: str,
+        run: list[int],
+        run_lo: int,
+        run_hi: int,
+        lo: list[int],
+        hi: list[int],
+        out: list[bytes | str | None],
+    ) -> None:
+        buf = os.pread(fd, run_hi - run_lo, run_lo) if run_hi > run_lo else b""
+        if len(buf) < run_hi - run_lo:
+            raise DataError(
+                f"shard {path} is shorter than when it was indexed (file changed while in use; "
+                "restart the server after modifying data)"
+            )
+        for i in run:
+            out[i] = buf[lo[i] - run_lo : hi[i] - run_lo]
+
+    def _compressed(self, path: str, fmt: str) -> tuple[bytes, np.ndarray]:
+        key = (path, fmt)
+        hit = self._lru_get(key)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        with self._stripe(key):
+            hit = self._lru_get(key)
+            if hit is not None:
+                return hit  # type: ignore[no-any-return]
+            try:
+                data = _decompress(path, fmt)
+            except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
+                raise DataError(f"cannot decompress shard {path} ({fmt}): {exc}") from exc
+            except OSError as exc:
+                raise DataError(f"cannot read shard {path}: {exc}") from exc
+            starts = line_starts(data)
+            value = (data, starts)
+            with self._lock:
+                self.misses += 1
+                self.decompressions += 1
+                self.index_builds += 1
+                self._counts[key] = len(starts) - 1
+            self._lru_put(key, value, len(data) + starts.nbytes)
+            logger.debug("decompressed %s: %d bytes, %d rows", path, len(data), len(starts) - 1)
+            return value
+
+    # ------------------------------------------------------------------ Parquet
+
+    def _parquet_meta(self, path: str) -> tuple[Any, np.ndarray, Any]:
+        """(FileMetaData, cumulative row-group bounds, arrow schema) of a Parquet shard."""
+        with self._lock:
+            meta = self._parquet.get(path)
+        if meta is not None:
+            return meta
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"cannot read Parquet shard {path}: {exc}") from exc
+        md = pf.metadata
+        sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        meta = (md, bounds, pf.schema_arrow)
+        with self._lock:
+            self._parquet[path] = meta
+        return meta
+
+    def _read_parquet(
+        self, path: str, idx: np.ndarray, text_field: str
+    ) -> list[bytes | str | None]:
+        md, bounds, schema = self._parquet_meta(path)
+        _check_field(path, schema, text_field)
+        _check_rows(path, idx, int(bounds[-1]))
+        groups = np.searchsorted(bounds, idx, side="right") - 1
+        out: list[bytes | str | None] = [None] * len(idx)
+        idx_l = idx.tolist()
+        for rg in np.unique(groups).tolist():
+            values = self._row_group(path, md, rg, text_field)
+            base = int(bounds[rg])
+            for i in np.flatnonzero(groups == rg).tolist():
+                out[i] = values[idx_l[i] - base]
+        return out
+
+    def _row_group(self, path: str, md: Any, rg: int, text_field: str) -> list[Any]:
+        key = (path, PARQUET, text_field, rg)
+        hit = self._lru_get(key)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        with self._stripe(key):
+            hit = self._lru_get(key)
+            if hit is not None:
+                return hit  # type: ignore[no-any-return]
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            try:
+                pf = pq.ParquetFile(path, metadata=md)
+                column = pf.read_row_group(rg, columns=[text_field]).column(0)
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(
+                    f"cannot read row group {rg} of Parquet shard {path}: {exc}"
+                ) from exc
+            values = column.to_pylist()
+            nbytes = int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values)
+            with self._lock:
+                self.misses += 1
+                self.row_group_reads += 1
+            self._lru_put(key, values, nbytes)
+            return values
+
+
+def _check_field(path: str, schema: Any, text_field: str) -> None:
+    import pyarrow as pa
+
+    names = list(schema.names)
+    if text_field not in names:
+        raise DataError(
+            f"Parquet shard {path} has no column {text_field!r}; columns are {names} "
+            "(set the dataset's text_field to one of them)"
+        )
+    typ = schema.field(text_field).type
+    is_view = getattr(pa.types, "is_string_view", None)
+    if not (
+        pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or (is_view is not None and is_view(typ))
+    ):
+        raise DataError(
+            f"Parquet shard {path}: column {text_field!r} has type {typ}, expected a string "
+            "or binary column (set text_field to a text column)"
+        )
+
+
+_default_cache: ShardCache | None = None
+_default_lock = threading.Lock()
+
+
+def default_cache() -> ShardCache:
+    """The process-wide shared :class:`ShardCache` (created on first use)."""
+    global _default_cache
+    with _default_lock:
+        if _default_cache is None:
+            _default_cache = ShardCache()
+        return _default_cache

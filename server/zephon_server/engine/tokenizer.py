@@ -1,0 +1,171 @@
+"""Tokenizers: the built-in byte-level tokenizer and Hugging Face ``tokenizers`` models.
+
+``load_tokenizer("byte")`` gives the byte-level tokenizer (UTF-8 bytes are ids 0-255, then
+BOS, EOS and PAD), which needs no file. A path to a ``tokenizer.json`` loads a Hugging Face
+tokenizer; any other string is treated as a hub id (only when the machine can reach the hub).
+Every tokenizer has an ``identity`` string that enters the pipeline fingerprint: the byte
+tokenizer's name, or the sha256 of the ``tokenizer.json`` contents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .errors import ConfigError
+
+_ID_DTYPE = np.int32
+
+
+class Tokenizer(Protocol):
+    """What operators need from a tokenizer."""
+
+    name: str
+    identity: str
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids (int32, no special tokens) for each text."""
+        ...
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text for ids; special tokens are dropped."""
+        ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0-255; BOS=256, EOS=257, PAD=258. Needs no file and no training."""
+
+    name = "byte"
+    identity = "byte-v1"
+    vocab_size = 259
+    bos_id = 256
+    eos_id = 257
+    pad_id = 258
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [
+            np.frombuffer(t.encode("utf-8", "surrogatepass"), dtype=np.uint8).astype(_ID_DTYPE)
+            for t in texts
+        ]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        data = bytes(int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256)
+        return data.decode("utf-8", "replace")
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizers`` model loaded from a tokenizer.json file or a hub id."""
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        pad_token: str | None = None,
+    ) -> None:
+        try:
+            from tokenizers import Tokenizer as _HFTokenizer
+        except ImportError as exc:  # pragma: no cover - server extra missing
+            raise ConfigError(
+                "tokenizer: the 'tokenizers' package is missing; install zephon-service[server]"
+            ) from exc
+        path = Path(source)
+        if path.suffix == ".json" or path.exists():
+            if not path.is_file():
+                raise ConfigError(
+                    f"tokenizer: file {source!r} does not exist (give a path to a "
+                    "tokenizer.json, 'byte', or a hub id)"
+                )
+            raw = path.read_bytes()
+            self._tok = _HFTokenizer.from_str(raw.decode("utf-8"))
+            self.identity = "sha256:" + hashlib.sha256(raw).hexdigest()
+            self.name = str(path)
+        else:
+            try:
+                self._tok = _HFTokenizer.from_pretrained(source)
+            except Exception as exc:
+                raise ConfigError(
+                    f"tokenizer: cannot load {source!r} from the hub ({exc}); give a path to a "
+                    "tokenizer.json or use 'byte'"
+                ) from exc
+            self.identity = "sha256:" + hashlib.sha256(self._tok.to_str().encode()).hexdigest()
+            self.name = source
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.bos_id = self._special(bos_token, ("<s>", "<|begin_of_text|>", "[BOS]", "<bos>"))
+        self.eos_id = self._special(eos_token, ("</s>", "<|endoftext|>", "[EOS]", "<eos>"))
+        pad = self._special(pad_token, ("<pad>", "[PAD]", "<|pad|>"))
+        self.pad_id = pad if pad >= 0 else (self.eos_id if self.eos_id >= 0 else 0)
+        self._lock = threading.Lock()
+
+    def _special(self, explicit: str | None, candidates: tuple[str, ...]) -> int:
+        names = (explicit,) if explicit else candidates
+        for token in names:
+            tid = self._tok.token_to_id(token) if token else None
+            if tid is not None:
+                return int(tid)
+        if explicit:
+            raise ConfigError(f"tokenizer {self.name!r}: special token {explicit!r} not in vocab")
+        return -1
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=_ID_DTYPE) for e in encodings]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return str(self._tok.decode([int(i) for i in np.asarray(ids).ravel()]))
+
+
+_CACHE: dict[str, Tokenizer] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def load_tokenizer(spec: str = "byte") -> Tokenizer:
+    """The tokenizer named by ``spec`` ("byte", a tokenizer.json path or a hub id); cached."""
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(
+            f"tokenizer: expected 'byte', a tokenizer.json path or a hub id, got {spec!r}"
+        )
+    key = os.path.abspath(spec) if spec != "byte" and os.path.exists(spec) else spec
+    with _CACHE_LOCK:
+        tok = _CACHE.get(key)
+        if tok is None:
+            tok = ByteTokenizer() if spec == "byte" else HFTokenizer(spec)
+            _CACHE[key] = tok
+        return tok
+
+
+def train_bpe_tokenizer(texts: Sequence[str], out_path: str | Path, vocab_size: int = 4096) -> Path:
+    """Train a byte-level BPE tokenizer on ``texts`` and save it as tokenizer.json.
+
+    Stands in for a downloaded model in tests and benchmarks (no hub access needed).
+    """
+    from tokenizers import Tokenizer as _HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = _HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out))
+    return out
