@@ -20,3 +20,39 @@ def rec(lane: int, chunk: int, offset: int, tokens: int = 3, tombstone: str = ""
 def cursors(groups):
     """Cursors of every element of a list of micro-batches."""
     return [[e.meta.cursor for e in g] for g in groups]
+
+
+def run_op(op, items, *, lanes: int = 4, seed: int = 0):
+    """Run one operator inline over ``items`` (records and controls) and finish the stream.
+
+    Returns the output items (records/batches and forwarded controls) in order.
+    """
+    from zephon_server.engine.ops.base import OpContext
+    from zephon_server.engine.runners.base import execute_inline
+    from zephon_server.engine.runners.steps import Step, StepDriver
+
+    ctx = OpContext(op_name=op.op_name, op_index=0, lanes=lanes, seed=seed, pad_id=0)
+    op.setup(ctx)
+    driver = StepDriver(Step([op], 0), op.accumulator(deterministic=True, ctx=ctx))
+    out = execute_inline(driver.feed(list(items)))
+    out.extend(execute_inline(driver.finish()))
+    return out
+
+
+def tokenized_stream(
+    lane: int, n: int, *, chunk_size: int = 8, seed: int = 0, max_tokens=40, datasets: int = 1
+):
+    """``n`` tokenized records of one lane with varied lengths, chunked like the source does."""
+    rng = np.random.default_rng([seed, lane])
+    out = []
+    for i in range(n):
+        chunk, offset = divmod(i, chunk_size)
+        ds = int(rng.integers(0, datasets))
+        doc = DocRef(ds, 0, i, 0)
+        length = int(rng.integers(1, max_tokens + 1))
+        ids = rng.integers(0, 250, size=length).astype(np.int32)
+        from zephon_server.engine.records import Span
+
+        meta = SampleMeta(lane, (chunk, offset), ds, doc, (doc,), spans=(Span(doc, 0, length),))
+        out.append(SampleRecord({"input_ids": ids}, meta))
+    return out
