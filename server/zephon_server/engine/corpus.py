@@ -9,9 +9,11 @@ with several row groups per file. The same seed always gives byte-identical file
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,14 +51,19 @@ café naïve 日本 über résumé façade Zürich 東京 señor jalapeño smör
 Ελλάδα Москва 🙂
 """
 VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(_VOCAB.split()))
+_NON_ASCII_SHARE = 0.01  # share of words drawn from the non-ASCII part of the vocabulary
 _PUNCT = ("", ",", ".", "?")
+_POOL_SENTENCES = 1 << 15
+_POOL_CODE_LINES = 1 << 13
 _CODE_TEMPLATES = (
-    "def {a}_{b}({c}, {d}):\n    return {c} + {d}\n",
-    "class {A}{B}:\n    {c} = {n}\n",
-    "for {c} in range({n}):\n    {a}.append({c})\n",
-    "if {a} > {n}:\n    {b} = {c}({d})\n",
-    "# {a} {b} {c} {d}\n{a}_{b} = {{'{c}': {n}, '{d}': '{e}'}}\n",
-    "while {a}:\n    {a} = {b}.pop()\n",
+    "def {a}_{b}({c}, {d}):\n    return {c} + {d}",
+    "class {A}{B}:\n    {c} = {n}",
+    "for {c} in range({n}):\n    {a}.append({c})",
+    "if {a} > {n}:\n    {b} = {c}({d})",
+    "# {a} {b} {c} {d}\n{a}_{b} = {{'{c}': {n}, '{d}': '{e}'}}",
+    "while {a}:\n    {a} = {b}.pop()",
+    "{a} = [{c} for {c} in {b} if {c}.{d}]",
+    "return {a}.{b}({n})",
 )
 
 
@@ -64,64 +71,107 @@ def _rng(seed: int, tag: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, tag])))
 
 
-def _word_table() -> np.ndarray:
-    """Every vocabulary word in every (capitalised, punctuation) variant; see :func:`_texts`."""
-    out: list[str] = []
+def _word_probs() -> np.ndarray:
+    """Word probabilities: uniform over ASCII words, non-ASCII words share a small part."""
+    is_ascii = np.array([w.isascii() for w in VOCABULARY])
+    probs = np.where(is_ascii, (1 - _NON_ASCII_SHARE) / is_ascii.sum(), 0.0)
+    probs[~is_ascii] = _NON_ASCII_SHARE / max(1, int((~is_ascii).sum()))
+    return probs / probs.sum()
+
+
+def _words(rng: np.random.Generator, n: int, lengths: np.ndarray, cap_all: bool) -> list[str]:
+    """Runs of random words (run ``i`` has ``lengths[i]`` words) joined by spaces.
+
+    Title runs (``cap_all``) capitalise every word. Prose runs are sentences: capitalised
+    first word, some commas, ending with ``.`` or ``?``.
+    """
+    v = len(VOCABULARY)
+    table: list[str] = []
     for cap in (False, True):
         for p in _PUNCT:
-            out.extend((w[:1].upper() + w[1:] if cap else w) + p for w in VOCABULARY)
-    return np.array(out, dtype=object)
+            table.extend((w[:1].upper() + w[1:] if cap else w) + p for w in VOCABULARY)
+    total = int(lengths.sum())
+    words = rng.choice(v, size=total, p=_word_probs())
+    ends = np.cumsum(lengths) - 1
+    if cap_all:
+        punct = np.zeros(total, dtype=np.int64)
+        cap = np.ones(total, dtype=bool)
+    else:
+        r = rng.random(total)
+        punct = np.select([r < 0.10], [1], 0)
+        punct[ends] = np.where(rng.random(len(ends)) < 0.1, 3, 2)
+        cap = np.zeros(total, dtype=bool)
+        cap[ends[:-1] + 1] = True
+        cap[0] = True
+    tokens = np.array(table, dtype=object)[words + v * (punct + len(_PUNCT) * cap)].tolist()
+    out = []
+    begin = 0
+    for end in (ends + 1).tolist()[:n]:
+        out.append(" ".join(tokens[begin:end]))
+        begin = end
+    return out
+
+
+def _compose(
+    rng: np.random.Generator, pool: list[str], n_docs: int, mean_parts: float, sep: str
+) -> list[str]:
+    """``n_docs`` documents, each a varying number of random pool entries."""
+    counts = np.maximum(1, np.rint(rng.gamma(2.0, mean_parts / 2.0, size=n_docs))).astype(np.int64)
+    picks = rng.integers(0, len(pool), size=int(counts.sum()))
+    parts = np.array(pool, dtype=object)[picks].tolist()
+    docs = []
+    begin = 0
+    for end in np.cumsum(counts).tolist():
+        docs.append(sep.join(parts[begin:end]))
+        begin = end
+    return docs
 
 
 def generate_texts(n_docs: int, *, seed: int = 0, mean_words: int = 60, tag: int = 0) -> list[str]:
-    """``n_docs`` deterministic English-like documents of about ``mean_words`` words."""
+    """``n_docs`` deterministic English-like documents of about ``mean_words`` words.
+
+    Documents are random sequences of sentences from a seeded pool of sentences of random
+    words, which keeps generation fast for hundreds of thousands of documents.
+    """
     rng = _rng(seed, 1000 + tag)
-    table = _word_table()
-    v = len(VOCABULARY)
-    lengths = np.maximum(3, np.rint(rng.gamma(2.0, mean_words / 2.0, size=n_docs))).astype(np.int64)
-    texts: list[str] = []
-    step = 4096
-    for start in range(0, n_docs, step):
-        lens = lengths[start : start + step]
-        total = int(lens.sum())
-        words = rng.integers(0, v, size=total)
-        r = rng.random(total)
-        punct = np.select([r < 0.07, r < 0.085, r < 0.16], [2, 3, 1], 0)
-        ends = np.cumsum(lens) - 1
-        punct[ends] = 2
-        cap = np.ones(total, dtype=bool)
-        cap[1:] = punct[:-1] >= 2
-        tokens = table[words + v * (punct + len(_PUNCT) * cap)].tolist()
-        begin = 0
-        for end in (ends + 1).tolist():
-            texts.append(" ".join(tokens[begin:end]))
-            begin = end
-    return texts
+    lengths = 3 + rng.poisson(9, size=_POOL_SENTENCES)
+    pool = _words(rng, _POOL_SENTENCES, lengths, cap_all=False)
+    mean_len = float(lengths.mean())
+    return _compose(rng, pool, n_docs, max(1.0, mean_words / mean_len), " ")
+
+
+def generate_titles(n_docs: int, *, seed: int = 0, tag: int = 0) -> list[str]:
+    """``n_docs`` deterministic short title-case titles (two to five words)."""
+    rng = _rng(seed, 3000 + tag)
+    return _words(rng, n_docs, rng.integers(2, 6, size=n_docs), cap_all=True)
 
 
 def generate_code(n_docs: int, *, seed: int = 0, mean_lines: int = 8) -> list[str]:
     """``n_docs`` deterministic Python-like snippets built from the vocabulary."""
     rng = _rng(seed, 2000)
-    ascii_words = [w for w in VOCABULARY if w.isascii() and w.isalpha()]
-    counts = np.maximum(1, rng.poisson(mean_lines / 2, size=n_docs))
-    total = int(counts.sum())
-    picks = rng.integers(0, len(ascii_words), size=(total, 5)).tolist()
-    kinds = rng.integers(0, len(_CODE_TEMPLATES), size=total).tolist()
-    nums = rng.integers(0, 1000, size=total).tolist()
-    docs: list[str] = []
-    i = 0
-    for c in counts.tolist():
-        parts = []
-        for _ in range(c):
-            a, b, cc, d, e = (ascii_words[x].lower() for x in picks[i])
-            parts.append(
-                _CODE_TEMPLATES[kinds[i]].format(
-                    a=a, b=b, c=cc, d=d, e=e, A=a.title(), B=b.title(), n=nums[i]
-                )
+    ascii_words = [w.lower() for w in VOCABULARY if w.isascii() and w.isalpha()]
+    picks = rng.integers(0, len(ascii_words), size=(_POOL_CODE_LINES, 5)).tolist()
+    kinds = rng.integers(0, len(_CODE_TEMPLATES), size=_POOL_CODE_LINES).tolist()
+    nums = rng.integers(0, 1000, size=_POOL_CODE_LINES).tolist()
+    pool = []
+    for kind, (a, b, c, d, e), n in zip(kinds, picks, nums):
+        w = [ascii_words[x] for x in (a, b, c, d, e)]
+        pool.append(
+            _CODE_TEMPLATES[kind].format(
+                a=w[0], b=w[1], c=w[2], d=w[3], e=w[4], A=w[0].title(), B=w[1].title(), n=n
             )
-            i += 1
-        docs.append("\n".join(parts))
-    return docs
+        )
+    return _compose(rng, pool, n_docs, max(1.0, mean_lines / 1.6), "\n")
+
+
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\ud800-\udfff]')
+
+
+def _json_str(text: str) -> str:
+    """``text`` as a JSON string literal, like ``json.dumps(text, ensure_ascii=False)``."""
+    if _NEEDS_ESCAPE.search(text) is None:
+        return f'"{text}"'
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -210,7 +260,7 @@ def write_parquet(
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
     edges = np.linspace(0, n, parts + 1).round().astype(int).tolist()
-    return list(zip(edges[:-1], edges[1:]))
+    return list(itertools.pairwise(edges))
 
 
 def write_sample_corpus(
@@ -232,14 +282,17 @@ def write_sample_corpus(
 
     web = generate_texts(n, seed=seed, mean_words=mean_words, tag=1)
     for i, (a, b) in enumerate(_split(n, 4)):
-        rows = [{"id": f"web-{k}", "text": web[k]} for k in range(a, b)]
-        write_jsonl(base / "web" / f"part-{i:05d}.jsonl", rows)
+        lines = [f'{{"id": "web-{k}", "text": {_json_str(web[k])}}}' for k in range(a, b)]
+        write_jsonl(base / "web" / f"part-{i:05d}.jsonl", lines)
 
     books = generate_texts(n, seed=seed, mean_words=mean_words * 2, tag=2)
-    titles = generate_texts(n, seed=seed, mean_words=3, tag=3)
+    titles = generate_titles(n, seed=seed, tag=2)
     for i, (a, b) in enumerate(_split(n, 3)):
-        rows = [{"title": titles[k].rstrip(".?"), "text": books[k]} for k in range(a, b)]
-        write_jsonl(base / "books" / f"part-{i:05d}.jsonl.zst", rows)
+        lines = [
+            f'{{"title": {_json_str(titles[k])}, "text": {_json_str(books[k])}}}'
+            for k in range(a, b)
+        ]
+        write_jsonl(base / "books" / f"part-{i:05d}.jsonl.zst", lines)
 
     import pyarrow as pa
 
@@ -247,7 +300,7 @@ def write_sample_corpus(
     code_schema = pa.schema([("id", pa.int64()), ("content", pa.string())])
     for i, (a, b) in enumerate(_split(n, 2)):
         group = max(1, -(-(b - a) // 4))
-        columns = {"id": list(range(a, b)), "content": code[a:b]}
+        columns: dict[str, list[Any]] = {"id": list(range(a, b)), "content": code[a:b]}
         write_parquet(
             base / "code" / f"part-{i:05d}.parquet",
             columns,
@@ -256,6 +309,15 @@ def write_sample_corpus(
         )
 
     logger.info("wrote sample corpus with %d docs per dataset under %s", n, base)
+    return sample_corpus_specs(base)
+
+
+def sample_corpus_specs(root: str | os.PathLike[str]) -> list[DatasetSpec]:
+    """The dataset specs of a sample corpus written under ``root`` (absolute paths).
+
+    ``web`` 0.5, ``books`` 0.3 and ``code`` 0.2 (``code`` reads its ``content`` column).
+    """
+    base = Path(root).resolve()
     return [
         DatasetSpec(name="web", path=str(base / "web"), weight=0.5),
         DatasetSpec(name="books", path=str(base / "books"), weight=0.3),

@@ -19,6 +19,10 @@ class ContractError(ZephonError):
     """An operator or accumulator broke the operator contract of the spec page."""
 
 
+class UnsupportedElementError(ContractError, TypeError):
+    """``process_many`` returned something other than SampleRecord / SampleBatch objects."""
+
+
 class WorkerError(ZephonError):
     """An operator raised inside a worker; carries the operator name and original traceback."""
 

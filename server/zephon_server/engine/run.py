@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,6 +26,9 @@ from .source import LaneSource
 from .work_source import WorkSource
 
 log = logging.getLogger(__name__)
+
+#: Tombstone reasons that mean "a malformed or unreadable record was skipped".
+SKIP_REASONS = ("malformed", "read_error")
 
 
 def make_runner(kind: str, drivers: list[StepDriver], plan: Plan) -> StageRunner:
@@ -94,7 +98,30 @@ class PipelineRun:
         self.runners: list[StageRunner] = []
         self.drivers: list[StepDriver] = []
         self.started = time.monotonic()
-        self._iter: Iterator[Any] | None = None
+        self.batches_out = 0
+        self.tokens_out = 0
+        self.tombstones: Counter[tuple[str, str]] = Counter()  # (dataset, reason) -> count
+
+    def _count_tombstones(self, metas: Sequence[SampleMeta]) -> None:
+        names = self.plan.datasets
+        for meta in metas:
+            self.tombstones[(names[meta.dataset_id].spec.name, meta.tombstone)] += 1
+
+    def stats(self) -> dict[str, Any]:
+        """Counters so far: batches, tokens, skipped malformed records per dataset, tombstones."""
+        skipped: Counter[str] = Counter()
+        reasons: Counter[str] = Counter()
+        for (dataset, reason), n in self.tombstones.items():
+            reasons[reason] += n
+            if reason in SKIP_REASONS:
+                skipped[dataset] += n
+        return {
+            "batches": self.batches_out,
+            "tokens": self.tokens_out,
+            "skipped": dict(skipped),
+            "tombstones": dict(reasons),
+            "elapsed_s": time.monotonic() - self.started,
+        }
 
     def _build(self) -> Iterator[list[Any]]:
         plan = self.plan
@@ -128,8 +155,12 @@ class PipelineRun:
                     kind = type(item)
                     if kind is SampleBatch:
                         log_ = self.logs[item.lane_id]
+                        if item.tombstones:
+                            self._count_tombstones(item.tombstones)
                         if item.rows:
                             log_.add(item)
+                            self.batches_out += 1
+                            self.tokens_out += item.num_tokens()
                             yield item
                         else:
                             log_.tail_tombstones.extend(item.tombstones)

@@ -20,6 +20,10 @@ import numpy as np
 
 from .errors import ConfigError
 
+# Parallelism is the runner's knob (workers), so a Hugging Face tokenizer must not also fan
+# out over every core inside each call; set TOKENIZERS_PARALLELISM=true to override.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 _ID_DTYPE = np.int32
 
 
@@ -108,7 +112,6 @@ class HFTokenizer:
         self.eos_id = self._special(eos_token, ("</s>", "<|endoftext|>", "[EOS]", "<eos>"))
         pad = self._special(pad_token, ("<pad>", "[PAD]", "<|pad|>"))
         self.pad_id = pad if pad >= 0 else (self.eos_id if self.eos_id >= 0 else 0)
-        self._lock = threading.Lock()
 
     def _special(self, explicit: str | None, candidates: tuple[str, ...]) -> int:
         names = (explicit,) if explicit else candidates

@@ -44,7 +44,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -409,9 +409,12 @@ class WorkSource:
                 f"it describes {found!r} datasets but this pipeline has {len(self.datasets)} "
                 "(the checkpoint comes from another dataset configuration)"
             )
-        g, samples = state.get("global_index"), state.get("samples")
-        if not _is_nat(g) or not _is_nat(samples):
-            raise bad(f"global_index and samples must be integers >= 0, got {g!r}, {samples!r}")
+        raw_g, raw_samples = state.get("global_index"), state.get("samples")
+        if not _is_nat(raw_g) or not _is_nat(raw_samples):
+            raise bad(
+                f"global_index and samples must be integers >= 0, got {raw_g!r}, {raw_samples!r}"
+            )
+        g, samples = raw_g, raw_samples
         passes, consumed, active, current = [], [], [], []
         for i, entry in enumerate(entries):
             name = self.datasets[i].name
@@ -640,9 +643,9 @@ class WorkSource:
             chunk_id += 1
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_nat(v: object) -> bool:
-    return _is_int(v) and v >= 0  # type: ignore[operator]
+def _is_nat(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0

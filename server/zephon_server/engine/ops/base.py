@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UnsupportedElementError
 from ..records import SampleBatch, SampleRecord
 from .accumulators import Accumulator, CountingAccumulator
 
@@ -180,14 +180,14 @@ class Operator:
 
     def _checked(self, results: Any) -> list[Any]:
         if not isinstance(results, list):
-            raise TypeError(
+            raise UnsupportedElementError(
                 f"Unsupported element type: operator {self.op_name!r} returned "
                 f"{type(results).__name__} from process_many; return a list of SampleRecord "
                 "or SampleBatch"
             )
         for item in results:
             if not isinstance(item, SampleRecord | SampleBatch):
-                raise TypeError(
+                raise UnsupportedElementError(
                     f"Unsupported element type: {type(item).__name__} from operator "
                     f"{self.op_name!r}; rebuild the payload with record.with_payload(...) so the "
                     "meta (identity and order) is preserved"

@@ -27,6 +27,7 @@ from ..ops.accumulators import Accumulator
 from ..ops.base import Operator
 from ..ops.batch import Batch
 from ..records import FlushSentinel, LaneEnd
+from ..shm import resolve_payloads
 
 CONTROL_TYPES = (FlushSentinel, LaneEnd)
 
@@ -54,6 +55,7 @@ class Step:
 
     def run(self, elems: list[Any]) -> list[Any]:
         """The worker function: every operator of the step, in order, on one micro-batch."""
+        elems = resolve_payloads(elems)
         for op in self.ops:
             if not elems:
                 break
@@ -127,6 +129,8 @@ class StepDriver:
     # -- internals ------------------------------------------------------------------------
 
     def _push(self, elems: list[Any], out: list[Any]) -> None:
+        if self.acc.reads_payload:
+            resolve_payloads(elems)
         out.extend(Task(self.step, mb) for mb in self.acc.push_many(elems) if mb)
         if self.held:
             for lane in {e.meta.lane_id for e in elems}:

@@ -1,0 +1,1 @@
+"""The project's benchmarks (``make bench``); not tests: they print figures, assert nothing."""

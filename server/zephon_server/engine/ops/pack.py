@@ -1,0 +1,339 @@
+"""``pack_sequences`` and ``pack_flat``: pack a lane's tokenized records into rows.
+
+The work is split as the spec page asks. The :class:`PackAccumulator` sees each lane's records
+in stream order and makes every stateful decision (which bin a record goes into, when a bin is
+emitted; see :mod:`.packing` for the algorithms). What it emits per bin is a *bin plan*: a
+record whose payload is ``{"pieces": [(input_payload, start, length), ...]}`` (references to
+the input arrays and the token range of each piece) and whose meta is already the packed row's
+meta. ``process_many`` then assembles the tensors on the workers, statelessly.
+
+Row meta: ``cursor = first piece's record cursor + (first piece's start,)`` (unique in the lane:
+no two rows start with the same piece), ``dataset_id`` of the first piece, ``doc=None``, one
+``Span`` per piece, and ``closes`` = the ``closes`` of every input record whose last token is in
+the row, in order. Bins, and so rows, are per lane: records of different lanes never share one.
+
+Row payload (``pack_sequences``, unpadded; the length is the tokens used):
+
+* ``input_ids`` (int32), the pieces concatenated in placement order;
+* ``segment_ids`` (int32), ``1..n`` numbering the row's pieces (one per document piece);
+* ``positions`` (int32), restarting at 0 at each piece. With ``wrap`` a piece that continues a
+  record from the previous row keeps counting from its start offset in that record; with
+  ``first_fit``/``best_fit`` the pieces of a split oversized record are separate items and
+  each restarts at 0 (like the children of ``tokenize(max_length=...)``);
+* ``loss_mask`` and ``labels``, when the input payloads carry them aligned with ``input_ids``:
+  sliced exactly like ``input_ids``. Other payload fields are not carried.
+
+``pack_flat`` pads every row to exactly ``max_length``: ``input_ids`` with the pad id (the
+``pad_id`` parameter, else the plan's ``OpContext.pad_id``), ``positions``/``segment_ids``/
+``loss_mask`` with 0, ``labels`` with -100, and adds ``padding_mask`` (bool, True on tokens).
+
+Oversized records (longer than ``max_length``): ``oversized="split"`` cuts them (only the piece
+holding the last token closes the record's documents); ``"drop"`` replaces them by a tombstone
+with reason ``oversized``. Empty records (no tokens) become tombstones with reason ``empty``.
+Tombstones (arriving or made here) pass straight through, in arrival order relative to the rows
+emitted by the same ``push_many`` call, without touching any bin.
+
+At a flush sentinel the lane's open bins are emitted (partial; ``pack_flat`` pads them) and the
+lane is reset to a fresh state; other lanes are untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import ConfigError, ContractError
+from ..records import DocRef, SampleMeta, SampleRecord, Span
+from .accumulators import Accumulator, MicroBatch
+from .base import OpContext, Operator, OpTraits
+from .packing import Bin, LaneBins, PackPolicy
+
+#: Aligned per-token fields carried into packed rows, with their padding value.
+CARRIED_FIELDS: dict[str, int] = {"loss_mask": 0, "labels": -100}
+
+TOMBSTONE_OVERSIZED = "oversized"
+TOMBSTONE_EMPTY = "empty"
+
+
+def record_length(rec: SampleRecord, op_name: str = "pack") -> int:
+    """Tokens in a record's ``input_ids`` (raises a ContractError when there are none)."""
+    payload = rec.payload
+    if not isinstance(payload, dict) or "input_ids" not in payload:
+        raise ContractError(
+            f"operator {op_name!r}: record {rec.meta.cursor} of lane {rec.meta.lane_id} has no "
+            "payload['input_ids']; put tokenize before packing"
+        )
+    return len(payload["input_ids"])
+
+
+def piece_spans(meta: SampleMeta, start: int, length: int) -> list[Span]:
+    """The spans covering tokens ``[start, start + length)`` of a record.
+
+    Tokenized records carry exactly one span, giving ``Span(doc, span.start + start, length)``;
+    several spans are sliced in order, and a record without spans falls back to its ``doc``.
+    """
+    if not meta.spans:
+        return [] if meta.doc is None else [Span(meta.doc, start, length)]
+    out: list[Span] = []
+    end = start + length
+    offset = 0
+    for span in meta.spans:
+        lo, hi = max(start, offset), min(end, offset + span.length)
+        if lo < hi:
+            out.append(Span(span.doc, span.start + lo - offset, hi - lo))
+        offset += span.length
+        if offset >= end:
+            break
+    return out
+
+
+def plan_record(lane_id: int, bin_: Bin) -> SampleRecord:
+    """The bin plan record of an emitted bin (payload: pieces; meta: the packed row's)."""
+    first, first_start, _ = bin_.pieces[0]
+    spans: list[Span] = []
+    closes: dict[DocRef, None] = {}
+    pieces = []
+    for rec, start, n in bin_.pieces:
+        spans.extend(piece_spans(rec.meta, start, n))
+        if start + n == len(rec.payload["input_ids"]):
+            closes.update(dict.fromkeys(rec.meta.closes))
+        pieces.append((rec.payload, start, n))
+    meta = SampleMeta(
+        lane_id,
+        (*first.meta.cursor, first_start),
+        first.meta.dataset_id,
+        None,
+        tuple(closes),
+        tuple(spans),
+    )
+    return SampleRecord({"pieces": pieces}, meta)
+
+
+class PackAccumulator(Accumulator):
+    """Per-lane bins for the packing operators; emits bin plans (see the module docstring).
+
+    Each ``push_many`` emits, per lane that produced anything, that lane's rows and tombstones
+    in order, cut into micro-batches of at most ``max_batch`` (lane-pure). There is no latency
+    bound: emission depends only on each lane's input sequence.
+    """
+
+    reads_payload = True
+
+    def __init__(self, policy: PackPolicy, *, max_batch: int = 64) -> None:
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        self.policy = policy
+        self.max_batch = max_batch
+        self._lanes: dict[int, LaneBins] = {}
+
+    def push_many(self, elems: Sequence[Any]) -> list[MicroBatch]:
+        policy = self.policy
+        drop = policy.oversized == "drop"
+        ready: dict[int, list[SampleRecord]] = {}
+        for elem in elems:
+            meta = elem.meta
+            lane = meta.lane_id
+            if meta.tombstone:
+                ready.setdefault(lane, []).append(elem)
+                continue
+            length = record_length(elem, policy.op_name)
+            if length == 0 or (drop and length > policy.max_length):
+                reason = TOMBSTONE_EMPTY if length == 0 else TOMBSTONE_OVERSIZED
+                ready.setdefault(lane, []).append(elem.tombstone(reason))
+                continue
+            slot = self._lanes.get(lane)
+            if slot is None:
+                slot = self._lanes[lane] = LaneBins(policy)
+            bins = slot.add(elem, length)
+            if bins:
+                ready.setdefault(lane, []).extend(plan_record(lane, b) for b in bins)
+        return self._cut(ready)
+
+    def flush(self, *, reset: bool = False, lane_id: int | None = None) -> list[MicroBatch]:
+        """Emit open bins (partial, in opening order) and drop the lane state.
+
+        With ``lane_id`` only that lane is flushed and reset; without, every lane (end of
+        stream), lane by lane in lane-id order. Emitting every open bin leaves nothing behind,
+        so ``reset`` changes nothing here: the lane is fresh afterwards either way.
+        """
+        lanes = [lane_id] if lane_id is not None else sorted(self._lanes)
+        ready: dict[int, list[SampleRecord]] = {}
+        for lane in lanes:
+            slot = self._lanes.pop(lane, None)
+            if slot is not None and slot.pending:
+                ready[lane] = [plan_record(lane, b) for b in slot.drain()]
+        return self._cut(ready)
+
+    def has_pending_data(self, lane_id: int | None = None) -> bool:
+        if lane_id is not None:
+            slot = self._lanes.get(lane_id)
+            return slot is not None and slot.pending
+        return any(slot.pending for slot in self._lanes.values())
+
+    def lanes_state(self) -> dict[int, int]:
+        """Open bins per lane (for tests and metrics)."""
+        return {lane: len(slot.bins) for lane, slot in self._lanes.items() if slot.pending}
+
+    def _cut(self, ready: dict[int, list[SampleRecord]]) -> list[MicroBatch]:
+        size = self.max_batch
+        return [items[i : i + size] for items in ready.values() for i in range(0, len(items), size)]
+
+
+def assemble_row(
+    pieces: Sequence[tuple[dict[str, Any], int, int]],
+    *,
+    continue_positions: bool,
+    pad_to: int | None = None,
+    pad_id: int = 0,
+    op_name: str = "pack",
+) -> dict[str, np.ndarray]:
+    """The tensors of one packed row from its bin plan pieces (vectorised per row).
+
+    ``continue_positions``: positions of a piece start at its start offset instead of 0
+    (``wrap``). ``pad_to``: pad every tensor to that length and add ``padding_mask``.
+    """
+    count = len(pieces)
+    lengths = np.fromiter((n for _, _, n in pieces), dtype=np.int64, count=count)
+    total = int(lengths.sum())
+    row_offsets = np.cumsum(lengths) - lengths
+    if continue_positions:
+        row_offsets -= np.fromiter((s for _, s, _ in pieces), dtype=np.int64, count=count)
+    positions = np.arange(total, dtype=np.int64) - np.repeat(row_offsets, lengths)
+    payload: dict[str, np.ndarray] = {
+        "input_ids": np.concatenate([p["input_ids"][s : s + n] for p, s, n in pieces]).astype(
+            np.int32, copy=False
+        ),
+        "positions": positions.astype(np.int32),
+        "segment_ids": np.repeat(np.arange(1, count + 1, dtype=np.int32), lengths),
+    }
+    for name in CARRIED_FIELDS:
+        present = [name in p for p, _, _ in pieces]
+        if not any(present):
+            continue
+        if not all(present):
+            raise ContractError(
+                f"operator {op_name!r}: some packed records carry {name!r} and others do not; "
+                f"give every record a {name!r} aligned with its input_ids, or none"
+            )
+        parts = []
+        for p, s, n in pieces:
+            arr = np.asarray(p[name])
+            if len(arr) != len(p["input_ids"]):
+                raise ContractError(
+                    f"operator {op_name!r}: {name!r} has {len(arr)} entries but input_ids has "
+                    f"{len(p['input_ids'])}; it must be aligned with input_ids token for token"
+                )
+            parts.append(arr[s : s + n])
+        payload[name] = np.concatenate(parts)
+    if pad_to is None:
+        return payload
+    padded: dict[str, np.ndarray] = {}
+    for name, arr in payload.items():
+        fill = pad_id if name == "input_ids" else CARRIED_FIELDS.get(name, 0)
+        out = np.full(pad_to, fill, dtype=arr.dtype)
+        out[:total] = arr
+        padded[name] = out
+    padded["padding_mask"] = np.arange(pad_to) < total
+    return padded
+
+
+class _PackBase(Operator):
+    """Shared constructor, accumulator and assembly of the two packing operators."""
+
+    #: Whether rows are padded to ``max_length`` (``pack_flat``).
+    padded: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        max_length: int,
+        algorithm: str = "first_fit",
+        max_open_bins: int = 8,
+        min_useful_length: int | None = None,
+        oversized: str = "split",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.policy = PackPolicy(
+            max_length=max_length,
+            algorithm=algorithm,
+            max_open_bins=max_open_bins,
+            min_useful_length=min_useful_length,
+            oversized=oversized,
+            op_name=self.op_name,
+        )
+        self._pad = 0
+
+    @property
+    def max_length(self) -> int:
+        return self.policy.max_length
+
+    @property
+    def algorithm(self) -> str:
+        return self.policy.algorithm
+
+    def params(self) -> dict[str, Any]:
+        policy = self.policy
+        return {
+            "max_length": policy.max_length,
+            "algorithm": policy.algorithm,
+            "max_open_bins": policy.max_open_bins,
+            "min_useful_length": policy.threshold,
+            "oversized": policy.oversized,
+        }
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=False, fusable=False)
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        # Packing has no latency bound in either mode: bins close on content only.
+        return PackAccumulator(self.policy, max_batch=self.microbatch_size)
+
+    def process_many(self, elems: list[Any]) -> list[Any]:
+        continue_positions = self.policy.algorithm == "wrap"
+        pad_to = self.policy.max_length if self.padded else None
+        return [
+            SampleRecord(
+                assemble_row(
+                    rec.payload["pieces"],
+                    continue_positions=continue_positions,
+                    pad_to=pad_to,
+                    pad_id=self._pad,
+                    op_name=self.op_name,
+                ),
+                rec.meta,
+            )
+            for rec in elems
+        ]
+
+
+class PackSequences(_PackBase):
+    """Packs a lane's tokenized records into unpadded rows of at most ``max_length`` tokens."""
+
+    op_name = "pack_sequences"
+
+
+class PackFlat(_PackBase):
+    """Packs a lane's tokenized records into rows of exactly ``max_length`` tokens (padded)."""
+
+    op_name = "pack_flat"
+    padded = True
+
+    def __init__(self, *, max_length: int, pad_id: int | None = None, **kwargs: Any) -> None:
+        if pad_id is not None and (not isinstance(pad_id, int) or isinstance(pad_id, bool)):
+            raise ConfigError(
+                f"pack_flat: pad_id must be an integer token id, got {pad_id!r}; leave it unset "
+                "to use the tokenizer's pad id"
+            )
+        super().__init__(max_length=max_length, **kwargs)
+        self.pad_id = pad_id
+        self._pad = 0 if pad_id is None else pad_id
+
+    def params(self) -> dict[str, Any]:
+        return {**super().params(), "pad_id": self.pad_id}
+
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        self._pad = self.pad_id if self.pad_id is not None else ctx.pad_id

@@ -1,0 +1,108 @@
+"""The processes runner: each step's ``process_many`` calls run in worker processes.
+
+Workers are started with the ``spawn`` method. Each receives the step's operators (pickled
+once, at start) and runs ``setup()`` in the worker before any data arrives. Array payloads
+come back through shared memory as lazy handles (:mod:`..shm`). A worker that dies fails
+the run with a :class:`WorkerError` naming the operator and the exit code; it never hangs.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from .. import shm
+from ..errors import WorkerError
+from .base import PooledRunner
+from .steps import Step, Task
+
+log = logging.getLogger(__name__)
+
+_WORKER_STEPS: dict[int, Step] = {}
+
+
+def _init_worker(steps: list[Step], contexts: list[list[Any]]) -> None:
+    """Worker initializer: keep the steps and run every operator's setup here."""
+    for step, ctxs in zip(steps, contexts):
+        for op, ctx in zip(step.ops, ctxs):
+            ctx.worker_id = os.getpid()
+            op.setup(ctx)
+        _WORKER_STEPS[step.index] = step
+
+
+def _run_task(step_index: int, elems: list[Any]) -> list[Any]:
+    step = _WORKER_STEPS[step_index]
+    return shm.export_results(step.run(elems))
+
+
+class ProcessesRunner(PooledRunner):
+    """A pooled runner whose workers are spawned processes."""
+
+    kind = "processes"
+
+    def __init__(self, *args: Any, plan: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.plan = plan
+        self._pools: dict[int, ProcessPoolExecutor] = {}
+
+    def start_pool(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        op_index = {id(op): i for i, op in enumerate(self.plan.ops)}
+        for d in self.drivers:
+            step = d.step
+            contexts = [[self.plan.context(op, op_index[id(op)]) for op in step.ops]]
+            self._pools[step.index] = ProcessPoolExecutor(
+                max_workers=step.workers,
+                mp_context=ctx,
+                initializer=_init_worker,
+                initargs=([step], contexts),
+            )
+
+    def submit(self, task: Task) -> Future[list[Any]]:
+        pool = self._pools[task.step.index]
+        try:
+            inner = pool.submit(_run_task, task.step.index, task.elems)
+        except BrokenProcessPool as exc:
+            inner = Future()
+            inner.set_exception(exc)
+        outer: Future[list[Any]] = Future()
+        step = task.step
+
+        def relay(f: Future[list[Any]]) -> None:
+            exc = f.exception()
+            if exc is None:
+                result = f.result()
+                shm.register_results(result)
+                outer.set_result(result)
+            elif isinstance(exc, BrokenProcessPool):
+                outer.set_exception(
+                    WorkerError(
+                        step.head.op_name if len(step.ops) == 1 else step.name,
+                        self._death_note(pool),
+                    )
+                )
+            else:
+                outer.set_exception(exc)
+
+        inner.add_done_callback(relay)
+        return outer
+
+    @staticmethod
+    def _death_note(pool: ProcessPoolExecutor) -> str:
+        procs = getattr(pool, "_processes", None) or {}
+        codes = [
+            f"pid {pid} exit code {p.exitcode}"
+            for pid, p in list(procs.items())
+            if p.exitcode not in (None, 0)
+        ]
+        detail = ", ".join(codes) if codes else "a worker process terminated abruptly"
+        return f"worker process died ({detail}); the run cannot continue"
+
+    def stop_pool(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+        shm.release_all()

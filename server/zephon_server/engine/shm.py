@@ -1,0 +1,183 @@
+"""Shared-memory payload handles for the processes runner.
+
+A process worker writes the arrays of a micro-batch's results into one shared-memory block
+and replaces each array in the payloads by a :class:`ShmHandle`. The handle is *lazy*: the
+main process resolves it (copies the array out) only where the payload is read, that is
+before a ``reads_payload=True`` accumulator and before ``process_many`` on a thread worker.
+Touching a handle as if it were an array raises a :class:`ContractError` that names the fix.
+
+The main process owns every block: it counts the handles of a block when the result arrives
+(:func:`register_results`), unlinks the block once they are all resolved, and unlinks any
+remaining block when the runner closes (:func:`release_all`).
+"""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import numpy as np
+
+from .errors import ContractError
+from .records import SampleRecord
+
+#: Results whose arrays total fewer bytes travel by pickle instead (not worth a block).
+MIN_SHM_BYTES = 16 * 1024
+
+
+class ShmHandle:
+    """A lazy reference to an array stored in a shared-memory block."""
+
+    __slots__ = ("block", "dtype", "offset", "shape")
+
+    def __init__(self, block: str, offset: int, dtype: str, shape: tuple[int, ...]) -> None:
+        self.block = block
+        self.offset = offset
+        self.dtype = dtype
+        self.shape = shape
+
+    def __getstate__(self) -> tuple[str, int, str, tuple[int, ...]]:
+        return (self.block, self.offset, self.dtype, self.shape)
+
+    def __setstate__(self, state: tuple[str, int, str, tuple[int, ...]]) -> None:
+        self.block, self.offset, self.dtype, self.shape = state
+
+    def _misuse(self, *_: Any, **__: Any) -> Any:
+        raise ContractError(
+            "payload field is an unresolved shared-memory handle (processes runner); an "
+            "accumulator that inspects payloads must set reads_payload = True so the runner "
+            "resolves them first"
+        )
+
+    __len__ = __array__ = __getitem__ = __iter__ = _misuse  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ShmHandle({self.block}+{self.offset}, {self.dtype}{list(self.shape)})"
+
+
+_lock = threading.Lock()
+_attached: dict[str, shared_memory.SharedMemory] = {}
+_pending: dict[str, int] = {}  # main process: block -> unresolved handle count
+
+
+def _untrack(shm: shared_memory.SharedMemory) -> None:
+    # The creating/attaching process must not unlink blocks at exit: the main process owns them.
+    try:
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    except Exception:  # pragma: no cover - tracker differences across versions
+        pass
+
+
+def export_results(results: list[Any]) -> list[Any]:
+    """Worker side: move the arrays of ``results`` into one block, leaving handles."""
+    arrays = [
+        (i, k, v)
+        for i, rec in enumerate(results)
+        if type(rec) is SampleRecord and isinstance(rec.payload, dict)
+        for k, v in rec.payload.items()
+        if isinstance(v, np.ndarray)
+    ]
+    total = sum(v.nbytes for _, _, v in arrays)
+    if total < MIN_SHM_BYTES:
+        return results
+    shm = shared_memory.SharedMemory(create=True, size=total)
+    _untrack(shm)
+    buf = np.ndarray((total,), dtype=np.uint8, buffer=shm.buf)
+    offset = 0
+    payloads: dict[int, dict[str, Any]] = {}
+    for i, key, arr in arrays:
+        arr = np.ascontiguousarray(arr)
+        n = arr.nbytes
+        buf[offset : offset + n] = arr.reshape(-1).view(np.uint8)
+        payloads.setdefault(i, dict(results[i].payload))[key] = ShmHandle(
+            shm.name, offset, arr.dtype.str, tuple(arr.shape)
+        )
+        offset += n
+    del buf
+    shm.close()
+    out = list(results)
+    for i, payload in payloads.items():
+        out[i] = SampleRecord(payload, results[i].meta)
+    return out
+
+
+def register_results(results: list[Any]) -> None:
+    """Main process: count the handles each block has, so it can be unlinked when resolved."""
+    with _lock:
+        for rec in results:
+            if type(rec) is SampleRecord and isinstance(rec.payload, dict):
+                for v in rec.payload.values():
+                    if type(v) is ShmHandle:
+                        _pending[v.block] = _pending.get(v.block, 0) + 1
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    shm = _attached.get(name)
+    if shm is None:
+        # Attaching registers the block with the (shared) resource tracker; unlink unregisters.
+        shm = shared_memory.SharedMemory(name=name)
+        _attached[name] = shm
+    return shm
+
+
+def resolve(handle: ShmHandle) -> np.ndarray:
+    """Copy the array out of its block; unlink the block after its last handle."""
+    with _lock:
+        shm = _attach(handle.block)
+        dtype = np.dtype(handle.dtype)
+        count = int(np.prod(handle.shape)) if handle.shape else 1
+        arr = np.frombuffer(shm.buf, dtype=dtype, count=count, offset=handle.offset)  # type: ignore[arg-type]
+        arr = arr.reshape(handle.shape).copy()
+        left = _pending.get(handle.block)
+        if left is not None:
+            if left <= 1:
+                del _pending[handle.block]
+                _close(handle.block, unlink=True)
+            else:
+                _pending[handle.block] = left - 1
+        return arr
+
+
+def _close(name: str, *, unlink: bool) -> None:
+    shm = _attached.pop(name, None)
+    if shm is None:
+        try:
+            shm = shared_memory.SharedMemory(name=name)
+        except FileNotFoundError:
+            return
+    shm.close()
+    if unlink:
+        try:
+            shm.unlink()
+        except FileNotFoundError:
+            pass
+    else:
+        _untrack(shm)
+
+
+def resolve_payloads(elems: list[Any]) -> list[Any]:
+    """Replace every handle in the elements' payloads by its array (in place, cheap if none)."""
+    for rec in elems:
+        payload = rec.payload if type(rec) is SampleRecord else None
+        if type(payload) is dict:
+            for k, v in payload.items():
+                if type(v) is ShmHandle:
+                    payload[k] = resolve(v)
+    return elems
+
+
+def release_all() -> int:
+    """Unlink every block still owned by this process (runner shutdown); returns the count."""
+    with _lock:
+        names = set(_pending) | set(_attached)
+        for name in names:
+            _close(name, unlink=name in _pending)
+        _pending.clear()
+        return len(names)
+
+
+def live_blocks() -> int:
+    """Blocks with unresolved handles (for tests and metrics)."""
+    with _lock:
+        return len(_pending)
