@@ -16,6 +16,8 @@ from zephon_server.engine.ops.base import OpContext
 from zephon_server.engine.ops.pack import PackAccumulator, PackFlat, PackSequences
 from zephon_server.engine.ops.packing import LaneBins, PackPolicy
 from zephon_server.engine.records import DocRef, FlushSentinel, SampleMeta, SampleRecord, Span
+from zephon_server.engine.runners.steps import Step, StepDriver
+from zephon_server.engine.runners.threads import ThreadsRunner
 
 ALGORITHMS = ["first_fit", "best_fit", "wrap"]
 OPS = [PackSequences, PackFlat]
@@ -404,6 +406,34 @@ def test_rows_never_mix_records_across_a_sentinel(op_cls, algorithm):
         (e.meta, e.payload["input_ids"].tolist()) for e in records_of(plain) if e.meta.lane_id == 1
     ]
     assert lane1_rows == lane1_plain
+
+
+def row_view(elems):
+    """Per lane: (meta, tensors as lists) of every record, in order."""
+    lanes: dict[int, list] = {}
+    for e in records_of(elems):
+        tensors = None if e.payload is None else {k: v.tolist() for k, v in e.payload.items()}
+        lanes.setdefault(e.meta.lane_id, []).append((e.meta, tensors))
+    return lanes
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_threads_runner_matches_inline(algorithm):
+    streams = [with_masks(tokenized_stream(lane, 60, seed=lane), seed=lane) for lane in range(2)]
+    items = [*interleave(streams[0][:24], streams[1][:30]), FlushSentinel(0, 3)]
+    items += interleave(streams[0][24:], streams[1][30:])
+
+    def make():
+        return PackFlat(max_length=48, algorithm=algorithm, microbatch_size=2, parallelism=4)
+
+    inline = row_view(run_op(make(), items))
+    op = make()
+    op.setup(CTX)
+    driver = StepDriver(Step([op], 0, workers=4), op.accumulator(deterministic=True, ctx=CTX))
+    runner = ThreadsRunner([driver], workers=4)
+    groups = [items[i : i + 7] for i in range(0, len(items), 7)]
+    out = [e for batch in runner.run(iter(groups)) for e in batch]
+    assert row_view(out) == inline
 
 
 def test_config_validation_names_op_param_value_and_fix():

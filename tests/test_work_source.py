@@ -3,8 +3,10 @@ exhaustion, checked against a naive step-by-step SWRR reference."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import threading
 from collections import Counter
 from collections.abc import Sequence
 
@@ -320,7 +322,8 @@ def test_chunk_is_immutable_and_converts_to_refs() -> None:
         ({"lanes": 0}, "lanes must be an integer >= 1, got 0"),
         ({"chunk_size": 0}, "chunk_size must be an integer >= 1, got 0"),
         ({"chunk_size": 2.5}, "chunk_size must be an integer >= 1"),
-        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+        ({"lanes": True}, "lanes must be an integer >= 1, got True"),
     ],
 )
 def test_config_errors(kwargs: dict[str, int], fragment: str) -> None:
@@ -368,3 +371,37 @@ def test_generation_is_fast() -> None:
         for it in iters:
             total += len(next(it))
     assert total == 800 * 256
+
+
+def test_chunks_from_a_start_index() -> None:
+    ds = make_datasets([[30, 11], [25]], [0.4, 0.6])
+    everything = list(WorkSource(ds, seed=6, lanes=2, chunk_size=4).chunks())
+    assert list(WorkSource(ds, seed=6, lanes=2, chunk_size=4).chunks(5)) == everything[5:]
+    assert list(WorkSource(ds, seed=6, lanes=2, chunk_size=4).chunks(len(everything))) == []
+
+
+def test_lanes_iterated_from_threads_match_sequential() -> None:
+    ds = make_datasets([[500, 300], [400]], [0.5, 0.5], ["repeat", "stop"])
+    expected = {
+        lane: list(
+            itertools.islice(WorkSource(ds, seed=1, lanes=4, chunk_size=8).lane_chunks(lane), 60)
+        )
+        for lane in range(4)
+    }
+    shared = WorkSource(ds, seed=1, lanes=4, chunk_size=8)
+    got: dict[int, list[Chunk]] = {}
+    errors: list[BaseException] = []
+
+    def work(lane: int) -> None:
+        try:
+            got[lane] = list(itertools.islice(shared.lane_chunks(lane), 60))
+        except BaseException as exc:  # re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(lane,)) for lane in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert got == expected

@@ -87,9 +87,9 @@ def _words(rng: np.random.Generator, n: int, lengths: np.ndarray, cap_all: bool)
     """
     v = len(VOCABULARY)
     table: list[str] = []
-    for cap in (False, True):
+    for upper in (False, True):
         for p in _PUNCT:
-            table.extend((w[:1].upper() + w[1:] if cap else w) + p for w in VOCABULARY)
+            table.extend((w[:1].upper() + w[1:] if upper else w) + p for w in VOCABULARY)
     total = int(lengths.sum())
     words = rng.choice(v, size=total, p=_word_probs())
     ends = np.cumsum(lengths) - 1

@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from .errors import ConfigError, DataError
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 
 logger = logging.getLogger(__name__)
@@ -154,10 +154,7 @@ def resolve_datasets(
                 "unique name)"
             )
         seen.add(spec.name)
-        shards = tuple(
-            ShardInfo(path, fmt, os.stat(path).st_size, cache.num_rows(path, fmt))
-            for path, fmt in _list_shards(spec, base)
-        )
+        shards = tuple(_shard_info(path, fmt, cache) for path, fmt in _list_shards(spec, base))
         info = DatasetInfo(spec=spec, index=index, shards=shards)
         if info.num_rows == 0:
             raise ConfigError(
@@ -173,6 +170,14 @@ def resolve_datasets(
         )
         infos.append(info)
     return infos
+
+
+def _shard_info(path: str, fmt: str, cache: ShardCache) -> ShardInfo:
+    try:
+        size = os.stat(path).st_size
+    except OSError as exc:
+        raise DataError(f"cannot read shard {path}: {exc}") from exc
+    return ShardInfo(path, fmt, size, cache.num_rows(path, fmt))
 
 
 def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:

@@ -186,3 +186,7 @@ class PipelineRun:
         """Stop every runner's threads and workers."""
         for runner in self.runners:
             runner.close()
+        if any(stage.runner == "processes" for stage in self.plan.stages):
+            from . import shm
+
+            shm.release_all()

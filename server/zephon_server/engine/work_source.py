@@ -6,7 +6,9 @@ No I/O happens here; only the datasets' row counts, weights and exhaustion polic
 (SWRR, the nginx algorithm) over the *active* datasets, with integer weights
 ``round(weight * 1_000_000)``: every active dataset adds its weight to its *current* value, the
 largest current wins (ties go to the lowest dataset index) and pays back the sum of the active
-weights. Over any window the shares are exact up to one sample per dataset.
+weights. While the active set is unchanged, each dataset's sample count stays within about
+one sample of its exact share ``weight / sum(active weights)``, so shares are exact in the long
+run.
 
 **Exhaustion.** A dataset pass visits every row of the dataset exactly once. When a dataset
 has produced its last row of a pass:
@@ -40,6 +42,8 @@ from __future__ import annotations
 
 import bisect
 import logging
+import numbers
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -156,33 +160,37 @@ class _Swrr:
         self._weights = list(weights)
         self._pos: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[_Path, int]] = {}
 
-    def _step(self, act: tuple[int, ...], cur: list[int], total: int) -> int:
-        w = self._weights
-        best = 0
-        best_v = cur[0] + w[act[0]]
-        cur[0] = best_v
-        for x in range(1, len(act)):
-            v = cur[x] + w[act[x]]
-            cur[x] = v
-            if v > best_v:
-                best, best_v = x, v
-        cur[best] -= total
-        return best
-
-    def _simulate(
-        self, act: tuple[int, ...], cur: tuple[int, ...], m: int
-    ) -> tuple[np.ndarray, tuple[int, ...]]:
-        total = sum(self._weights[j] for j in act)
-        state = list(cur)
-        out = np.empty(m, dtype=np.int64)
+    def _steps(self, act: tuple[int, ...], c: list[int], m: int) -> list[int]:
+        """Advance currents ``c`` (one per ``act``, in place) by ``m`` steps; the positions in
+        ``act`` chosen at each step (the first maximum wins, so ties go to the lowest index)."""
+        w = [self._weights[j] for j in act]
+        total = sum(w)
+        out = [0] * m
+        if len(act) > 6:
+            add = operator.add
+            for i in range(m):
+                c[:] = map(add, c, w)
+                best = c.index(max(c))
+                c[best] -= total
+                out[i] = best
+            return out
+        rest = range(1, len(act))
         for i in range(m):
-            out[i] = act[self._step(act, state, total)]
-        return out, tuple(state)
+            best = 0
+            best_v = c[0] + w[0]
+            c[0] = best_v
+            for x in rest:
+                v = c[x] + w[x]
+                c[x] = v
+                if v > best_v:
+                    best, best_v = x, v
+            c[best] -= total
+            out[i] = best
+        return out
 
     def _explore(self, act: tuple[int, ...], cur: tuple[int, ...]) -> tuple[_Path, int] | None:
         if len(self._pos) >= _ORBIT_MAX_STATES:
             return None
-        total = sum(self._weights[j] for j in act)
         seen: dict[tuple[int, ...], int] = {}
         states: list[tuple[int, ...]] = []
         sel: list[int] = []
@@ -193,7 +201,7 @@ class _Swrr:
         while len(sel) < limit:
             seen[state] = len(states)
             states.append(state)
-            sel.append(act[self._step(act, work, total)])
+            sel.append(act[self._steps(act, work, 1)[0]])
             state = tuple(work)
             if state in seen:
                 loop = seen[state]
@@ -216,9 +224,10 @@ class _Swrr:
             hit = self._pos.get((act, cur))
             if hit is None:
                 hit = self._explore(act, cur)
-                if hit is None:
-                    sel, cur = self._simulate(act, cur, m)
-                    pieces.append(sel)
+                if hit is None:  # orbit too long to remember: plain steps
+                    work = list(cur)
+                    pieces.append(np.asarray(act, dtype=np.int64)[self._steps(act, work, m)])
+                    cur = tuple(work)
                     break
             path, i = hit
             t = len(path.sel)
@@ -293,11 +302,14 @@ class WorkSource:
     def __init__(
         self, datasets: Sequence[DatasetInfo], *, seed: int, lanes: int, chunk_size: int
     ) -> None:
-        for name, value in (("lanes", lanes), ("chunk_size", chunk_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+        for name, value, low in (
+            ("lanes", lanes, 1),
+            ("chunk_size", chunk_size, 1),
+            ("seed", seed, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        seed, lanes, chunk_size = int(seed), int(lanes), int(chunk_size)
         if not datasets:
             raise ConfigError("the work source needs at least one dataset")
         for i, ds in enumerate(datasets):
@@ -322,6 +334,8 @@ class WorkSource:
         self._swrr = _Swrr(self.weights)
         self._store = _StateStore(MAX_SNAPSHOTS, max(256, 4 * lanes))
         self._end: int | None = None  # first global index with no active dataset, once known
+        self._rec_window = max(16, 2 * lanes)
+        self._recs: OrderedDict[int, tuple[_State, np.ndarray]] = OrderedDict()
         self._layouts: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._perms: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
         self._perm_entries = 0
@@ -395,12 +409,11 @@ class WorkSource:
         def bad(msg: str) -> ConfigError:
             return ConfigError(f"work source state: {msg}")
 
-        if not isinstance(state, dict):
-            raise bad(f"expected a dict, got {type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise bad(
-                f"version {state.get('version')!r} is not supported (expected {STATE_VERSION}; "
-                "the checkpoint comes from another Zephon version)"
+                f"version {found!r} is not supported (expected a dict with version "
+                f"{STATE_VERSION}; the checkpoint comes from another Zephon version)"
             )
         entries = state.get("datasets")
         if not isinstance(entries, list) or len(entries) != len(self.datasets):
@@ -409,42 +422,35 @@ class WorkSource:
                 f"it describes {found!r} datasets but this pipeline has {len(self.datasets)} "
                 "(the checkpoint comes from another dataset configuration)"
             )
-        raw_g, raw_samples = state.get("global_index"), state.get("samples")
-        if not _is_nat(raw_g) or not _is_nat(raw_samples):
-            raise bad(
-                f"global_index and samples must be integers >= 0, got {raw_g!r}, {raw_samples!r}"
-            )
-        g, samples = raw_g, raw_samples
-        passes, consumed, active, current = [], [], [], []
+        g, samples = state.get("global_index"), state.get("samples")
+        if not _is_int(g, 0) or not _is_int(samples, 0):
+            raise bad(f"global_index and samples must be integers >= 0, got {g!r}, {samples!r}")
+        fields = []
         for i, entry in enumerate(entries):
-            name = self.datasets[i].name
+            name, rows = self.datasets[i].name, self._rows[i]
             try:
                 p, k, a, c = entry["pass"], entry["consumed"], entry["active"], entry["current"]
             except (KeyError, TypeError) as exc:
                 raise bad(f"dataset {name!r}: missing field {exc}") from exc
-            ok = _is_nat(p) and _is_nat(k) and isinstance(a, bool) and _is_int(c)
-            if ok and a:
-                ok = k < self._rows[i]
-            elif ok:
-                ok = not self._repeat[i] and k == self._rows[i] and c == 0
+            ok = _is_int(p, 0) and _is_int(k, 0) and isinstance(a, bool) and _is_int(c)
+            # Active datasets are inside a pass; only an exhausted `stop` dataset is inactive.
+            ok = ok and (k < rows if a else (not self._repeat[i] and k == rows and c == 0))
             if not ok:
                 raise bad(
-                    f"dataset {name!r}: inconsistent entry {entry!r} for a dataset of "
-                    f"{self._rows[i]} rows with exhaustion {self.datasets[i].spec.exhaustion!r}"
+                    f"dataset {name!r}: inconsistent entry {entry!r} for a dataset of {rows} "
+                    f"rows with exhaustion {self.datasets[i].spec.exhaustion!r}"
                 )
-            passes.append(p)
-            consumed.append(k)
-            active.append(a)
-            current.append(c)
+            fields.append((p, k, a, c))
+        passes, consumed, active, current = (tuple(col) for col in zip(*fields))
         if any(active) and samples != g * self.chunk_size:
             raise bad(
                 f"samples={samples} does not match global_index={g} with chunk_size="
                 f"{self.chunk_size} (the checkpoint was made with another chunk size)"
             )
-        return _State(g, samples, tuple(passes), tuple(consumed), tuple(active), tuple(current))
+        return _State(g, samples, passes, consumed, active, current)
 
     def _state(self, g: int) -> _State:
-        if not _is_nat(g):
+        if not _is_int(g, 0):
             raise ValueError(f"global chunk index must be an integer >= 0, got {g!r}")
         with self._lock:
             if self._end is not None and g >= self._end:
@@ -456,7 +462,15 @@ class WorkSource:
                 if not any(st.active):
                     self._note_end(st.g)
                     return replace(st, g=g)
-                st, _ = self._advance(st, record=False)
+                # Chunks close to g are likely to be asked for soon (by other lanes): keep
+                # their per-sample records so materialising them needs no second SWRR run.
+                near = g - st.g <= self._rec_window
+                nxt, rec = self._advance(st, record=near)
+                if rec is not None:
+                    self._recs[st.g] = (nxt, rec)
+                    if len(self._recs) > self._rec_window:
+                        self._recs.popitem(last=False)
+                st = nxt
                 self._remember(st)
             return st
 
@@ -473,22 +487,16 @@ class WorkSource:
 
     # ------------------------------------------------------------------ generation
 
-    def _advance(
-        self, st: _State, record: bool
-    ) -> tuple[_State, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
-        """Take up to ``chunk_size`` samples from ``st``; the state at ``st.g + 1`` and, when
-        ``record``, per-sample (dataset, pass, k-th sample of the pass) arrays."""
+    def _advance(self, st: _State, record: bool) -> tuple[_State, np.ndarray | None]:
+        """Take up to ``chunk_size`` samples from ``st``: the state at ``st.g + 1`` and, when
+        ``record``, the chunk's docs array (dataset, shard, row, pass per sample)."""
         passes = list(st.passes)
         consumed = list(st.consumed)
         active = list(st.active)
         current = list(st.current)
         left = self.chunk_size
         taken = 0
-        out_ds = out_pass = out_k = None
-        if record:
-            out_ds = np.empty(left, dtype=np.int64)
-            out_pass = np.empty(left, dtype=np.int64)
-            out_k = np.empty(left, dtype=np.int64)
+        docs = np.empty((left, 4), dtype=np.int64) if record else None
         while left > 0:
             act = tuple(j for j, a in enumerate(active) if a)
             if not act:
@@ -509,14 +517,8 @@ class WorkSource:
                 counts = np.bincount(sel, minlength=len(active))
             for j in act:
                 n = int(counts[j])
-                if record and n:
-                    assert out_ds is not None and out_pass is not None and out_k is not None
-                    idx = np.flatnonzero(sel == j)
-                    seq = consumed[j] + np.arange(n, dtype=np.int64)
-                    at = idx + taken
-                    out_ds[at] = j
-                    out_pass[at] = passes[j] + seq // self._rows[j]
-                    out_k[at] = seq % self._rows[j]
+                if docs is not None and n:
+                    self._fill(docs, np.flatnonzero(sel == j) + taken, j, passes[j], consumed[j])
                 new = consumed[j] + n
                 if self._repeat[j]:
                     passes[j] += new // self._rows[j]
@@ -537,10 +539,32 @@ class WorkSource:
             tuple(active),
             tuple(current),
         )
-        if not record:
-            return nxt, None
-        assert out_ds is not None and out_pass is not None and out_k is not None
-        return nxt, (out_ds[:taken], out_pass[:taken], out_k[:taken])
+        return nxt, (None if docs is None else docs[:taken])
+
+    def _fill(self, docs: np.ndarray, at: np.ndarray, d: int, p: int, k: int) -> None:
+        """Write the samples ``k, k+1, ...`` of dataset ``d`` (pass ``p`` on, wrapping into
+        later passes) to the rows ``at`` of ``docs``.
+
+        A run of consecutive samples of a pass is a run through the permuted shards, so each
+        (pass, shard) piece is one slice of that shard's row permutation.
+        """
+        rows_d = self._rows[d]
+        done = 0
+        while done < len(at):
+            perm, bounds = self._layout(d, p)
+            slot = int(np.searchsorted(bounds, k, side="right")) - 1
+            shard = int(perm[slot])
+            offset = k - int(bounds[slot])
+            n = min(len(at) - done, int(bounds[slot + 1]) - k)
+            where = at[done : done + n]
+            docs[where, 0] = d
+            docs[where, 1] = shard
+            docs[where, 2] = self._row_perm(d, p, shard)[offset : offset + n]
+            docs[where, 3] = p
+            done += n
+            k += n
+            if k == rows_d:
+                p, k = p + 1, 0
 
     def _layout(self, d: int, p: int) -> tuple[np.ndarray, np.ndarray]:
         """(shard permutation, cumulative row bounds in that order) of pass ``p`` of ``d``."""
@@ -579,27 +603,13 @@ class WorkSource:
         """The docs of the chunk starting at ``st`` (None past the end) and the next state."""
         if not any(st.active):
             return None, replace(st, g=st.g + 1)
-        nxt, rec = self._advance(st, record=True)
-        assert rec is not None
-        ds, passes, ks = rec
-        docs = np.empty((len(ds), 4), dtype=np.int64)
-        docs[:, 0] = ds
-        docs[:, 3] = passes
-        for d in np.unique(ds).tolist():
-            in_d = ds == d
-            for p in np.unique(passes[in_d]).tolist():
-                where = np.flatnonzero(in_d & (passes == p))
-                k = ks[where]
-                perm, bounds = self._layout(d, p)
-                slot = np.searchsorted(bounds, k, side="right") - 1
-                shards = perm[slot]
-                offsets = k - bounds[slot]
-                docs[where, 1] = shards
-                rows = np.empty(len(k), dtype=np.int64)
-                for s in np.unique(shards).tolist():
-                    m = shards == s
-                    rows[m] = self._row_perm(d, p, s)[offsets[m]]
-                docs[where, 2] = rows
+        cached = self._recs.pop(st.g, None)
+        if cached is not None:
+            nxt, docs = cached
+        else:
+            nxt, maybe = self._advance(st, record=True)
+            assert maybe is not None
+            docs = maybe
         docs.flags.writeable = False
         return docs, nxt
 
@@ -643,9 +653,5 @@ class WorkSource:
             chunk_id += 1
 
 
-def _is_int(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_nat(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+def _is_int(v: object, low: int | None = None) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and (low is None or v >= low)

@@ -8,11 +8,24 @@ from .batch import Batch
 from .decode import DecodeText
 from .fetch import Fetch
 from .map_transform import MapTransform
+from .mixture import EnsureMixture
+from .pack import PackFlat, PackSequences
+from .shuffle import Shuffle
 from .tokenize import Tokenize
 
 #: Operators a pipeline config may name, by their config key.
 OPERATORS: dict[str, type[Operator]] = {
-    op.op_name: op for op in (DecodeText, Tokenize, MapTransform, Batch)
+    op.op_name: op
+    for op in (
+        DecodeText,
+        Tokenize,
+        MapTransform,
+        PackSequences,
+        PackFlat,
+        EnsureMixture,
+        Shuffle,
+        Batch,
+    )
 }
 
 __all__ = [
@@ -21,11 +34,15 @@ __all__ = [
     "Batch",
     "CountingAccumulator",
     "DecodeText",
+    "EnsureMixture",
     "Fetch",
     "MapTransform",
     "OpContext",
     "OpTraits",
     "Operator",
+    "PackFlat",
+    "PackSequences",
     "PassthroughAccumulator",
+    "Shuffle",
     "Tokenize",
 ]

@@ -55,7 +55,8 @@ class _MixtureLane:
     __slots__ = ("buffered", "emitted", "fifos", "total")
 
     def __init__(self, datasets: Sequence[int]) -> None:
-        self.fifos: dict[int, deque[Any]] = {d: deque() for d in datasets}
+        # Per dataset: (size, record) in arrival order; size in tokens or samples.
+        self.fifos: dict[int, deque[tuple[int, Any]]] = {d: deque() for d in datasets}
         self.emitted: dict[int, int] = dict.fromkeys(datasets, 0)
         self.total = 0  # sum of emitted
         self.buffered = 0  # records in all FIFOs
@@ -109,8 +110,7 @@ class MixtureAccumulator(Accumulator):
         return best
 
     def _emit(self, lane: _MixtureLane, d: int, out: list[Any]) -> None:
-        elem = lane.fifos[d].popleft()
-        size = self._size(elem)
+        size, elem = lane.fifos[d].popleft()
         lane.emitted[d] += size
         lane.total += size
         lane.buffered -= 1
@@ -149,12 +149,11 @@ class MixtureAccumulator(Accumulator):
             if dataset not in weights or (type(elem) is SampleRecord and elem.meta.tombstone):
                 out.append(elem)
                 continue
-            if self.by == "tokens":
-                self._size(elem)  # fail at arrival, not at some later emission
+            size = self._size(elem)
             lane = lanes.get(lane_id)
             if lane is None:
                 lane = lanes[lane_id] = _MixtureLane(list(weights))
-            lane.fifos[dataset].append(elem)
+            lane.fifos[dataset].append((size, elem))
             lane.buffered += 1
             self._advance(lane, out)
         return [out for out in outs.values() if out]

@@ -24,7 +24,7 @@ Row payload (``pack_sequences``, unpadded; the length is the tokens used):
   sliced exactly like ``input_ids``. Other payload fields are not carried.
 
 ``pack_flat`` pads every row to exactly ``max_length``: ``input_ids`` with the pad id (the
-``pad_id`` parameter, else the plan's ``OpContext.pad_id``), ``positions``/``segment_ids``/
+``pad_id`` parameter, else ``OpContext.pad_id`` from ``setup``), ``positions``/``segment_ids``/
 ``loss_mask`` with 0, ``labels`` with -100, and adds ``padding_mask`` (bool, True on tokens).
 
 Oversized records (longer than ``max_length``): ``oversized="split"`` cuts them (only the piece

@@ -48,6 +48,7 @@ class ProcessesRunner(PooledRunner):
         super().__init__(*args, **kwargs)
         self.plan = plan
         self._pools: dict[int, ProcessPoolExecutor] = {}
+        self._procs: dict[int, dict[int, Any]] = {}  # step -> pid -> Process (for exit codes)
 
     def start_pool(self) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -69,6 +70,9 @@ class ProcessesRunner(PooledRunner):
         except BrokenProcessPool as exc:
             inner = Future()
             inner.set_exception(exc)
+        known = self._procs.setdefault(task.step.index, {})
+        if len(known) < task.step.workers:
+            known.update(getattr(pool, "_processes", None) or {})
         outer: Future[list[Any]] = Future()
         step = task.step
 
@@ -79,30 +83,29 @@ class ProcessesRunner(PooledRunner):
                 shm.register_results(result)
                 outer.set_result(result)
             elif isinstance(exc, BrokenProcessPool):
-                outer.set_exception(
-                    WorkerError(
-                        step.head.op_name if len(step.ops) == 1 else step.name,
-                        self._death_note(pool),
-                    )
-                )
+                name = step.head.op_name if len(step.ops) == 1 else step.name
+                outer.set_exception(WorkerError(name, self._death_note(step.index)))
             else:
                 outer.set_exception(exc)
 
         inner.add_done_callback(relay)
         return outer
 
-    @staticmethod
-    def _death_note(pool: ProcessPoolExecutor) -> str:
-        procs = getattr(pool, "_processes", None) or {}
+    def _death_note(self, step_index: int) -> str:
+        procs = self._procs.get(step_index, {})
+        for p in procs.values():
+            p.join(timeout=1)
+        # Workers the executor terminated after the crash exit with -SIGTERM; name the others.
         codes = [
             f"pid {pid} exit code {p.exitcode}"
             for pid, p in list(procs.items())
-            if p.exitcode not in (None, 0)
+            if p.exitcode not in (None, 0, -15)
         ]
         detail = ", ".join(codes) if codes else "a worker process terminated abruptly"
         return f"worker process died ({detail}); the run cannot continue"
 
     def stop_pool(self) -> None:
+        # Blocks are released by the run once every stage has stopped (PipelineRun.close):
+        # later stages may still hold handles into them.
         for pool in self._pools.values():
             pool.shutdown(wait=True, cancel_futures=True)
-        shm.release_all()
