@@ -9,7 +9,6 @@ tombstones pass around ``process_many`` untouched and in place, and results are 
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -62,18 +61,10 @@ class OpContext:
         return _process_shard_cache()
 
 
-_SHARD_CACHE: Any = None
-_SHARD_CACHE_LOCK = threading.Lock()
-
-
 def _process_shard_cache() -> Any:
-    global _SHARD_CACHE
-    with _SHARD_CACHE_LOCK:
-        if _SHARD_CACHE is None:
-            from ..shards import ShardCache
+    from ..shards import default_cache
 
-            _SHARD_CACHE = ShardCache()
-        return _SHARD_CACHE
+    return default_cache()
 
 
 class Operator:
