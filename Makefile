@@ -25,6 +25,11 @@ pytest: install
 
 test: lint pytest
 
+# Regenerates the checked-in protobuf/gRPC code (client/zephon_proto) from proto/ with the
+# pinned grpcio-tools: tools/gen_proto.py runs `$(PYTHON) -m grpc_tools.protoc -Iproto ...`.
+proto: install
+	$(PYTHON) tools/gen_proto.py
+
 bench: install
 	$(PYTHON) -m bench.tokenize_bench
 

@@ -125,7 +125,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
     plan = pipeline.plan(execution)
     from .engine.run import PipelineRun
 
-    run = PipelineRun(plan, lanes=lanes)
+    resume = None
+    if args.resume_state:
+        from .engine.checkpoint import read_state_file
+
+        resume = read_state_file(args.resume_state)
+    run = PipelineRun(plan, lanes=lanes, resume=resume)
     wanted = args.batches
     counts = dict.fromkeys(run.lanes, 0)
     open_lanes = set(run.lanes)
@@ -150,6 +155,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
         if not open_lanes:
             break
     run.close()
+    if args.save_state:
+        from .engine.checkpoint import write_atomic
+
+        positions = {lane: run.logs[lane].start.next_seq + n for lane, n in counts.items()}
+        write_atomic(args.save_state, run.checkpoint(positions).encode())
+        log.info("saved resume state at %s to %s", positions, args.save_state)
     return 0
 
 
@@ -209,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lanes", help="lanes to dump, e.g. 0,1 or 0-3 (default: all)")
     p.add_argument("--batches", type=int, default=4, help="batches per lane (default 4)")
     p.add_argument("--format", choices=("text", "json", "digest"), default="text")
+    p.add_argument("--save-state", metavar="FILE", help="write the resume state after the dump")
+    p.add_argument("--resume-state", metavar="FILE", help="continue each lane from a state file")
     p.set_defaults(func=cmd_dump)
 
     p = sub.add_parser("run-default", help="run a pipeline in-process with throughput logs")

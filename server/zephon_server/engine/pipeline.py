@@ -155,6 +155,23 @@ def fingerprint_document(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> di
     }
 
 
+def fingerprint_components(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> dict[str, str]:
+    """Short hashes of each part of the fingerprint, so a mismatch can name what differs."""
+    doc = fingerprint_document(pipeline, dataset_infos)
+
+    def h(value: Any) -> str:
+        return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+    parts = {k: str(doc[k]) for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks")}
+    parts["datasets"] = ",".join(d["name"] for d in doc["datasets"])
+    for d in doc["datasets"]:
+        parts[f"dataset:{d['name']}"] = h(d)
+    parts["operators"] = ",".join(op["op"] for op in doc["ops"])
+    for i, op in enumerate(doc["ops"]):
+        parts[f"op{i}:{op['op']}"] = h(op)
+    return parts
+
+
 def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
     return {
         k: v if isinstance(v, str | int | float | bool | type(None)) else repr(v)

@@ -2,7 +2,8 @@
 
 * ``fetch`` is inserted first; ``decode_text`` is inserted after it when the chain does not
   start with it.
-* The chain must end with ``batch`` (the unit sent to trainers).
+* The chain must end with ``batch`` (the unit sent to trainers); the replay filter is
+  inserted immediately before it and runs in its driver (no workers).
 * Consecutive operators with the same placement form a stage. Within a stage, consecutive
   fusable operators (stateless, count-grouped) are fused into one step when ``fuse`` is on:
   they run in the same worker call, grouped by the first operator's accumulator. This does
@@ -21,7 +22,8 @@ from .datasets import DatasetInfo, resolve_datasets
 from .errors import ConfigError
 from .execution import ExecutionConfig
 from .ops import Batch, DecodeText, Fetch, OpContext, Operator, Tokenize
-from .pipeline import Pipeline, fingerprint
+from .ops.replay import ReplayFilter
+from .pipeline import Pipeline, fingerprint, fingerprint_components
 from .runners.steps import Step
 
 
@@ -45,6 +47,7 @@ class Plan:
     stages: list[StagePlan] = field(default_factory=list)
     pad_id: int = 0
     fingerprint: str = ""
+    components: dict[str, str] = field(default_factory=dict)
 
     def context(self, op: Operator, index: int, worker_id: int = 0) -> OpContext:
         """The OpContext handed to ``op`` (the ``index``-th operator of the plan)."""
@@ -82,9 +85,9 @@ class Plan:
             for step in stage.steps:
                 fused = " (fused)" if len(step.ops) > 1 else ""
                 stall = " stalls-at-sentinel" if step.stalls else ""
+                par = f"parallelism={step.workers}" if step.workers else "in-driver"
                 lines.append(
-                    f"  step {step.index}{fused}: parallelism={step.workers} "
-                    f"microbatch={step.microbatch_size}{stall}"
+                    f"  step {step.index}{fused}: {par} microbatch={step.microbatch_size}{stall}"
                 )
                 for op in step.ops:
                     lines.append(f"    {op.describe()}")
@@ -102,7 +105,7 @@ def _check_chain(ops: list[Operator]) -> list[Operator]:
             raise ConfigError("pipeline: 'batch' may appear only once, as the last operator")
     if not ops or not isinstance(ops[0], DecodeText):
         ops = [DecodeText(), *ops]
-    return [Fetch(), *ops]
+    return [Fetch(), *ops[:-1], ReplayFilter(), ops[-1]]
 
 
 def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
@@ -118,6 +121,7 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
         ops,
         pad_id=pad_id,
         fingerprint=fingerprint(pipeline, datasets),
+        components=fingerprint_components(pipeline, datasets),
     )
 
     # Group into stages by placement, then into steps by fusability.
@@ -151,6 +155,8 @@ def _same_stage(group: list[Operator], op: Operator) -> bool:
 
 
 def _workers(ops: list[Operator], execution: ExecutionConfig) -> int:
+    if isinstance(ops[0], ReplayFilter):
+        return 0  # runs in its driver thread: it only drops records
     if execution.runner == "inline":
         return 1
     explicit = [op.parallelism for op in ops if op.parallelism]

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .checkpoint import CheckpointError, IncompatibleCheckpoint, LaneState, ResumeState
 from .digest import CHAIN_SEED, chain_digest, content_digest
 from .errors import ConfigError
+from .ops.replay import REPLAY_CURSORS, ReplayFilterAccumulator
 from .planner import Plan
-from .records import FlushSentinel, LaneEnd, SampleBatch, SampleMeta
+from .records import Cursor, FlushSentinel, LaneEnd, SampleBatch, SampleMeta
 from .runners.base import StageRunner
 from .runners.inline import InlineRunner
 from .runners.steps import StepDriver
@@ -55,22 +57,39 @@ def make_runner(kind: str, drivers: list[StepDriver], plan: Plan) -> StageRunner
 
 
 class LaneLog:
-    """Numbers a lane's batches and chains their digests."""
+    """Numbers a lane's batches, chains their digests, and remembers recent cut points.
 
-    __slots__ = ("boundary", "chain", "lane", "next_seq", "tail_tombstones")
+    ``history`` keeps, for the last ``retention`` batches, the replay cursor and chain after
+    each batch, so the run can checkpoint at any recently produced position.
+    """
 
-    def __init__(self, lane: int, next_seq: int = 0, chain: bytes = CHAIN_SEED) -> None:
+    __slots__ = ("chain", "ended", "history", "lane", "next_seq", "start", "tail_tombstones")
+
+    def __init__(self, lane: int, start: LaneState, retention: int = 4096) -> None:
         self.lane = lane
-        self.next_seq = next_seq
-        self.chain = chain
-        self.boundary = 0
+        self.start = start
+        self.next_seq = start.next_seq
+        self.chain = start.chain
+        self.history: deque[tuple[int, Cursor, bytes]] = deque(maxlen=retention)
         self.tail_tombstones: list[SampleMeta] = []
+        self.ended = False
 
     def add(self, batch: SampleBatch) -> None:
         batch.seq = self.next_seq
         batch.digest = content_digest(batch.tensors)
         batch.chain_digest = self.chain = chain_digest(self.chain, batch.digest)
+        self.history.append((batch.seq, batch.rows[-1].cursor, batch.chain_digest))
         self.next_seq += 1
+
+    def cut(self, next_seq: int) -> tuple[Cursor | None, bytes] | None:
+        """(replay cursor, chain) after batch ``next_seq - 1``; None if not retained."""
+        if next_seq == self.start.next_seq:
+            return self.start.replay_cursor, self.start.chain
+        if not self.history or not self.history[0][0] <= next_seq - 1 <= self.history[-1][0]:
+            return None
+        seq, cursor, chain = self.history[next_seq - 1 - self.history[0][0]]
+        assert seq == next_seq - 1
+        return cursor, chain
 
 
 class PipelineRun:
@@ -81,26 +100,92 @@ class PipelineRun:
         plan: Plan,
         *,
         lanes: Sequence[int] | None = None,
+        resume: ResumeState | None = None,
         max_chunks_per_lane: int | None = None,
+        retention: int = 4096,
     ) -> None:
         self.plan = plan
-        n = plan.pipeline.lanes
-        self.lanes = sorted(set(lanes)) if lanes is not None else list(range(n))
+        p = plan.pipeline
+        n = p.lanes
+        if lanes is None:
+            lanes = sorted(resume.lanes) if resume is not None else range(n)
+        self.lanes = sorted(set(lanes))
         for lane in self.lanes:
             if not 0 <= lane < n:
                 raise ConfigError(f"lane {lane} does not exist; lanes are 0..{n - 1}")
-        p = plan.pipeline
         self.work_source = WorkSource(
             plan.datasets, seed=p.seed, lanes=p.lanes, chunk_size=p.chunk_size
         )
         self.max_chunks_per_lane = max_chunks_per_lane
-        self.logs = {lane: LaneLog(lane) for lane in self.lanes}
+        self.k = p.flush_every_k_chunks
+        starts = self._starts(resume)
+        self.logs = {lane: LaneLog(lane, starts[lane], retention) for lane in self.lanes}
         self.runners: list[StageRunner] = []
         self.drivers: list[StepDriver] = []
         self.started = time.monotonic()
         self.batches_out = 0
         self.tokens_out = 0
         self.tombstones: Counter[tuple[str, str]] = Counter()  # (dataset, reason) -> count
+
+    def _starts(self, resume: ResumeState | None) -> dict[int, LaneState]:
+        if resume is None:
+            return {lane: self.initial_lane_state(lane) for lane in self.lanes}
+        resume.check_compatible(self.plan.fingerprint, self.plan.components)
+        missing = [lane for lane in self.lanes if lane not in resume.lanes]
+        if missing:
+            raise IncompatibleCheckpoint(
+                f"checkpoint has no state for lanes {missing}; it covers {sorted(resume.lanes)}"
+            )
+        for lane in self.lanes:
+            ws = resume.lanes[lane].work_source
+            if ws is not None:
+                self.work_source.restore_state(ws)
+        return {lane: resume.lanes[lane] for lane in self.lanes}
+
+    def initial_lane_state(self, lane: int) -> LaneState:
+        """The state of a lane before its first batch."""
+        return LaneState(0, 0, None, None, CHAIN_SEED)
+
+    def checkpoint(self, positions: dict[int, int] | None = None, tag: str = "") -> ResumeState:
+        """Resume state at ``positions`` (lane -> next_seq; default: everything produced).
+
+        Raises :class:`CheckpointError` for a position not produced yet or no longer retained.
+        """
+        if positions is None:
+            positions = {lane: log.next_seq for lane, log in self.logs.items()}
+        lanes: dict[int, LaneState] = {}
+        for lane, next_seq in sorted(positions.items()):
+            log_ = self.logs.get(lane)
+            if log_ is None:
+                raise CheckpointError(f"lane {lane} is not part of this run ({self.lanes})")
+            if next_seq > log_.next_seq:
+                raise CheckpointError(
+                    f"lane {lane}: position {next_seq} was not produced yet "
+                    f"(produced up to {log_.next_seq})"
+                )
+            cut = log_.cut(next_seq)
+            if cut is None:
+                oldest = log_.history[0][0] + 1 if log_.history else log_.next_seq
+                raise CheckpointError(
+                    f"lane {lane}: position {next_seq} is no longer retained "
+                    f"(checkpointable range {oldest}..{log_.next_seq})"
+                )
+            cursor, chain = cut
+            if cursor is None:
+                lanes[lane] = LaneState(next_seq, 0, None, None, chain)
+                if next_seq == log_.start.next_seq:
+                    lanes[lane] = log_.start
+                continue
+            boundary = (cursor[0] // self.k) * self.k
+            ws = self.work_source.state_at(self.work_source.global_index(lane, boundary))
+            lanes[lane] = LaneState(next_seq, boundary, ws, cursor, chain)
+        return ResumeState(
+            fingerprint=self.plan.fingerprint,
+            components=dict(self.plan.components),
+            lanes=lanes,
+            num_lanes=self.plan.pipeline.lanes,
+            tag=tag,
+        )
 
     def _count_tombstones(self, metas: Sequence[SampleMeta]) -> None:
         names = self.plan.datasets
@@ -120,6 +205,9 @@ class PipelineRun:
             "tokens": self.tokens_out,
             "skipped": dict(skipped),
             "tombstones": dict(reasons),
+            "replayed": sum(
+                d.acc.dropped for d in self.drivers if isinstance(d.acc, ReplayFilterAccumulator)
+            ),
             "elapsed_s": time.monotonic() - self.started,
         }
 
@@ -131,14 +219,21 @@ class PipelineRun:
             self.work_source,
             self.lanes,
             flush_every_k_chunks=plan.pipeline.flush_every_k_chunks,
+            start_chunks={lane: log.start.boundary_chunk for lane, log in self.logs.items()},
             max_chunks_per_lane=self.max_chunks_per_lane,
         )
+        targets = {
+            lane: log.start.replay_cursor
+            for lane, log in self.logs.items()
+            if log.start.replay_cursor is not None
+        }
         stream: Iterator[list[Any]] = iter(source)
         op_index = {id(op): i for i, op in enumerate(plan.ops)}
         for stage in plan.stages:
             drivers = []
             for step in stage.steps:
                 ctx = plan.context(step.head, op_index[id(step.head)])
+                ctx.extras[REPLAY_CURSORS] = targets
                 acc = step.head.accumulator(deterministic=plan.execution.deterministic, ctx=ctx)
                 drivers.append(StepDriver(step, acc))
             self.drivers.extend(drivers)
@@ -165,8 +260,9 @@ class PipelineRun:
                         else:
                             log_.tail_tombstones.extend(item.tombstones)
                     elif kind is FlushSentinel:
-                        self.logs[item.lane_id].boundary = item.boundary_chunk_id
+                        pass
                     elif kind is LaneEnd:
+                        self.logs[item.lane_id].ended = True
                         yield item
                     else:
                         raise ConfigError(

@@ -203,7 +203,9 @@ class PooledRunner(StageRunner):
     def _dispatch(self, items: list[Any], rb: ReorderBuffer) -> None:
         for item in items:
             seq = rb.reserve()
-            if type(item) is Task:
+            if type(item) is Task and item.step.workers == 0:
+                rb.complete(seq, item.step.run(item.elems))
+            elif type(item) is Task:
                 future = self.submit(item)
                 future.add_done_callback(_completer(rb, seq, item.step.name))
             else:

@@ -54,6 +54,8 @@ class ProcessesRunner(PooledRunner):
         ctx = multiprocessing.get_context("spawn")
         op_index = {id(op): i for i, op in enumerate(self.plan.ops)}
         for d in self.drivers:
+            if d.step.workers == 0:
+                continue  # runs in its driver thread
             step = d.step
             contexts = [[self.plan.context(op, op_index[id(op)]) for op in step.ops]]
             self._pools[step.index] = ProcessPoolExecutor(

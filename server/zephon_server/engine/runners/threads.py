@@ -25,6 +25,8 @@ class ThreadsRunner(PooledRunner):
 
     def start_pool(self) -> None:
         for d in self.drivers:
+            if d.step.workers == 0:
+                continue  # runs in its driver thread
             self._pools[d.step.index] = ThreadPoolExecutor(
                 max_workers=d.step.workers, thread_name_prefix=f"zephon-{d.step.name}"
             )

@@ -1,0 +1,201 @@
+"""Client side of the wire format: ``zephon.v1.SampleBatch`` messages to numpy, and digests.
+
+Tensors travel as raw little-endian C-order bytes with a dtype and a shape; they are decoded
+with :func:`numpy.frombuffer`, so the arrays share the message's bytes (and are read-only).
+
+Every batch carries a content digest and a per-lane chain digest. :func:`verify` recomputes
+both from the received tensors so a trainer can prove that the stream it read (across
+reconnects and resumes) is the uninterrupted one:
+
+* ``content = sha256(for each tensor in name order: name, dtype, shape, raw bytes)``, each
+  field prefixed with its length as a little-endian uint64; dtype is numpy's dtype string with
+  little-endian byte order (``"<i4"``, ``"|b1"``), shape the decimal dims joined by ``","``.
+* ``chain[k] = sha256(chain[k-1] || content[k])`` with ``chain[-1] = CHAIN_SEED``.
+
+This is the server's definition (``zephon_server.engine.digest``) re-implemented: the client
+never imports the server; a test pins the two together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from zephon_proto.v1 import data_service_pb2 as pb
+
+CHAIN_SEED = bytes(32)
+"""The chain digest before a lane's first batch (seq 0)."""
+
+DTYPES: dict[int, np.dtype] = {
+    pb.DTYPE_INT32: np.dtype("<i4"),
+    pb.DTYPE_INT64: np.dtype("<i8"),
+    pb.DTYPE_UINT16: np.dtype("<u2"),
+    pb.DTYPE_UINT32: np.dtype("<u4"),
+    pb.DTYPE_FLOAT32: np.dtype("<f4"),
+    pb.DTYPE_BOOL: np.dtype("?"),
+    pb.DTYPE_UINT8: np.dtype("u1"),
+}
+"""Wire dtype → the little-endian numpy dtype its bytes decode as."""
+
+
+class WireError(ValueError):
+    """A message does not follow the wire format (unknown dtype, size and shape disagree...)."""
+
+
+class ChainMismatch(ValueError):
+    """A batch's digests do not match its tensors or the lane's previous chain digest.
+
+    ``expected`` is what the client computed, ``found`` what the batch carries.
+    """
+
+    def __init__(self, lane: int, seq: int, what: str, expected: bytes, found: bytes) -> None:
+        self.lane = lane
+        self.seq = seq
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"lane {lane} seq {seq}: {what} mismatch: computed {expected.hex()}, "
+            f"batch carries {found.hex()}"
+        )
+
+
+class Segment(NamedTuple):
+    """Tokens ``[start, start + length)`` of document ``(dataset, shard, row, epoch)`` in a row."""
+
+    dataset: int
+    shard: int
+    row: int
+    epoch: int
+    start: int
+    length: int
+
+
+class ClosedDocument(NamedTuple):
+    """A document a batch closes; ``tombstone`` is empty if delivered, else why it was dropped."""
+
+    dataset: int
+    shard: int
+    row: int
+    epoch: int
+    tombstone: str
+
+
+@dataclass(slots=True)
+class DecodedBatch:
+    """One lane batch as numpy arrays plus its provenance and digests."""
+
+    lane: int
+    seq: int
+    tensors: dict[str, np.ndarray]
+    rows: list[list[Segment]] = field(default_factory=list)
+    closed: list[ClosedDocument] = field(default_factory=list)
+    digest: bytes = b""
+    chain_digest: bytes = b""
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the batch (the first dimension of its tensors)."""
+        return len(self.rows)
+
+
+def decode_tensor(tensor: pb.Tensor) -> np.ndarray:
+    """The tensor as a read-only numpy array sharing the message's bytes."""
+    dtype = DTYPES.get(tensor.dtype)
+    if dtype is None:
+        raise WireError(
+            f"tensor {tensor.name!r}: unsupported dtype {_dtype_name(tensor.dtype)}; "
+            f"expected one of {', '.join(pb.DType.Name(k) for k in DTYPES)}"
+        )
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise WireError(f"tensor {tensor.name!r}: negative dimension in shape {list(shape)}")
+    data = tensor.data  # each access of a bytes field makes a new bytes object: read once
+    expected = math.prod(shape) * dtype.itemsize
+    if len(data) != expected:
+        raise WireError(
+            f"tensor {tensor.name!r}: {len(data)} bytes of data, but shape "
+            f"{list(shape)} of {pb.DType.Name(tensor.dtype)} needs {expected}"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def decode_batch(msg: pb.SampleBatch) -> DecodedBatch:
+    """Decode a ``SampleBatch`` message: tensors by name, row sources, closed documents."""
+    tensors: dict[str, np.ndarray] = {}
+    for tensor in msg.tensors:
+        if tensor.name in tensors:
+            raise WireError(f"lane {msg.lane} seq {msg.seq}: tensor {tensor.name!r} appears twice")
+        tensors[tensor.name] = decode_tensor(tensor)
+    rows = [
+        [Segment(s.dataset, s.shard, s.row, s.epoch, s.start, s.length) for s in row.segments]
+        for row in msg.rows
+    ]
+    closed = [ClosedDocument(c.dataset, c.shard, c.row, c.epoch, c.tombstone) for c in msg.closed]
+    return DecodedBatch(
+        lane=msg.lane,
+        seq=msg.seq,
+        tensors=tensors,
+        rows=rows,
+        closed=closed,
+        digest=msg.digest,
+        chain_digest=msg.chain_digest,
+    )
+
+
+def content_digest(tensors: Mapping[str, np.ndarray]) -> bytes:
+    """sha256 over every tensor in name order: name, dtype, shape, little-endian bytes."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        arr = _wire_array(tensors[name])
+        dtype = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
+        _field(h, name.encode())
+        _field(h, dtype.str.encode())
+        _field(h, ",".join(str(d) for d in arr.shape).encode())
+        _field(h, arr.tobytes() if arr.size else b"")
+    return h.digest()
+
+
+def chain_digest(previous: bytes, content: bytes) -> bytes:
+    """The next link of a lane's chain: ``sha256(previous || content)``."""
+    return hashlib.sha256(previous + content).digest()
+
+
+def verify(batch: DecodedBatch, previous_chain: bytes) -> None:
+    """Check a batch against its tensors and the lane's previous chain digest.
+
+    ``previous_chain`` is the chain digest of the lane's batch ``seq - 1`` (``CHAIN_SEED``
+    for seq 0). Raises :class:`ChainMismatch` when the content digest recomputed from the
+    received tensors differs from the batch's, or when the batch's chain digest is not
+    ``sha256(previous_chain || content)``; the next call passes ``batch.chain_digest``.
+    """
+    content = content_digest(batch.tensors)
+    if content != batch.digest:
+        raise ChainMismatch(batch.lane, batch.seq, "content digest", content, batch.digest)
+    chain = chain_digest(previous_chain, content)
+    if chain != batch.chain_digest:
+        raise ChainMismatch(batch.lane, batch.seq, "chain digest", chain, batch.chain_digest)
+
+
+def _wire_array(arr: np.ndarray) -> np.ndarray:
+    """The array as it travels: C-contiguous, little-endian."""
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(arr)
+
+
+def _field(h: hashlib._Hash, data: bytes) -> None:
+    h.update(struct.pack("<Q", len(data)))
+    h.update(data)
+
+
+def _dtype_name(value: int) -> str:
+    try:
+        return f"{pb.DType.Name(value)} ({value})"
+    except ValueError:
+        return str(value)

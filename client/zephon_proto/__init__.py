@@ -1,0 +1,4 @@
+"""Generated protobuf and gRPC code for the Zephon service.
+
+Regenerate with ``make proto``; do not edit (tests/test_proto.py checks for drift).
+"""

@@ -1,0 +1,1 @@
+"""Package ``zephon.v1``: messages and the DataService stub (generated)."""

@@ -1,0 +1,271 @@
+"""Resume state: small, plain, versioned, checksummed, written atomically.
+
+A checkpoint holds the pipeline fingerprint (with a per-component breakdown, so a mismatch
+can say *what* differs) and, per lane, only what regenerates that lane from its last epoch
+boundary: the boundary's lane chunk id and the work-source state there, the replay cursor
+(the last record delivered), the next seq and the chain digest. Chunk contents are not
+stored: the work source regenerates them.
+
+File format: ``MAGIC`` (8 bytes), format version (u16 little-endian), sha256 of the payload
+(32 bytes), payload (UTF-8 JSON). No pickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ZephonError
+
+MAGIC = b"ZEPHONCK"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sH32s")
+
+
+class CheckpointError(ZephonError):
+    """Base of checkpoint problems."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """The bytes are not a complete, intact checkpoint (DATA_LOSS on the wire)."""
+
+
+class IncompatibleCheckpoint(CheckpointError):
+    """The checkpoint belongs to another pipeline or a newer format (FAILED_PRECONDITION)."""
+
+
+class UnknownCheckpoint(CheckpointError, KeyError):
+    """No checkpoint with that id in the state directory (NOT_FOUND)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown checkpoint"
+
+
+@dataclass
+class LaneState:
+    """What regenerates one lane: boundary, work-source state, replay cursor, seq, chain."""
+
+    next_seq: int
+    boundary_chunk: int
+    work_source: dict[str, Any] | None
+    replay_cursor: tuple[int, ...] | None
+    chain: bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "next_seq": self.next_seq,
+            "boundary_chunk": self.boundary_chunk,
+            "work_source": self.work_source,
+            "replay_cursor": list(self.replay_cursor) if self.replay_cursor is not None else None,
+            "chain": self.chain.hex(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaneState:
+        cursor = data["replay_cursor"]
+        return cls(
+            next_seq=int(data["next_seq"]),
+            boundary_chunk=int(data["boundary_chunk"]),
+            work_source=data["work_source"],
+            replay_cursor=tuple(int(c) for c in cursor) if cursor is not None else None,
+            chain=bytes.fromhex(data["chain"]),
+        )
+
+
+@dataclass
+class ResumeState:
+    """A checkpoint: fingerprint plus per-lane states (only the lanes it covers)."""
+
+    fingerprint: str
+    components: dict[str, str]
+    lanes: dict[int, LaneState]
+    num_lanes: int
+    created: float = field(default_factory=time.time)
+    tag: str = ""
+
+    def positions(self) -> dict[int, int]:
+        return {lane: st.next_seq for lane, st in sorted(self.lanes.items())}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "fingerprint": self.fingerprint,
+            "components": self.components,
+            "num_lanes": self.num_lanes,
+            "created": self.created,
+            "tag": self.tag,
+            "lanes": {str(lane): st.to_json() for lane, st in sorted(self.lanes.items())},
+        }
+
+    def encode(self) -> bytes:
+        """The checkpoint's bytes (header + checksummed JSON)."""
+        payload = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+        return _HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
+
+    @classmethod
+    def decode(cls, data: bytes) -> ResumeState:
+        """Parse and verify checkpoint bytes; nothing is applied on any error."""
+        if len(data) < _HEADER.size:
+            raise CorruptCheckpoint(
+                f"checkpoint is truncated: {len(data)} bytes, shorter than its "
+                f"{_HEADER.size}-byte header"
+            )
+        magic, version, checksum = _HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise CorruptCheckpoint(
+                f"not a Zephon checkpoint (starts with {magic!r}, expected {MAGIC!r})"
+            )
+        if version > FORMAT_VERSION:
+            raise IncompatibleCheckpoint(
+                f"checkpoint format version {version} is newer than this server's "
+                f"{FORMAT_VERSION}; resume it with a newer Zephon"
+            )
+        payload = data[_HEADER.size :]
+        if hashlib.sha256(payload).digest() != checksum:
+            raise CorruptCheckpoint(
+                "checkpoint checksum mismatch: the file is truncated or corrupted "
+                f"({len(payload)} payload bytes); use another checkpoint"
+            )
+        try:
+            doc = json.loads(payload)
+            return cls(
+                fingerprint=doc["fingerprint"],
+                components=dict(doc["components"]),
+                lanes={int(k): LaneState.from_json(v) for k, v in doc["lanes"].items()},
+                num_lanes=int(doc["num_lanes"]),
+                created=float(doc.get("created", 0.0)),
+                tag=str(doc.get("tag", "")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpoint(f"checkpoint payload is malformed: {exc!r}") from exc
+
+    @classmethod
+    def merge(cls, states: list[ResumeState]) -> ResumeState:
+        """Combine checkpoints of disjoint lane sets (ranks or shards) into one."""
+        if not states:
+            raise CheckpointError("nothing to merge")
+        first = states[0]
+        lanes: dict[int, LaneState] = {}
+        for st in states:
+            if st.fingerprint != first.fingerprint:
+                raise IncompatibleCheckpoint(
+                    f"cannot merge checkpoints of different pipelines "
+                    f"({first.fingerprint[:16]} and {st.fingerprint[:16]})"
+                )
+            overlap = set(lanes) & set(st.lanes)
+            if overlap:
+                raise CheckpointError(f"checkpoints overlap on lanes {sorted(overlap)}")
+            lanes.update(st.lanes)
+        return cls(first.fingerprint, dict(first.components), lanes, first.num_lanes, tag=first.tag)
+
+    def check_compatible(self, fingerprint: str, components: dict[str, str]) -> None:
+        """Raise :class:`IncompatibleCheckpoint` naming what differs from this pipeline."""
+        if self.fingerprint == fingerprint:
+            return
+        keys = sorted(set(self.components) | set(components))
+        diffs = [
+            f"{k} (checkpoint {self.components.get(k, '-')}, pipeline {components.get(k, '-')})"
+            for k in keys
+            if self.components.get(k) != components.get(k)
+        ]
+        raise IncompatibleCheckpoint(
+            f"checkpoint is from another pipeline: expected fingerprint {fingerprint[:16]}, "
+            f"found {self.fingerprint[:16]}; differs in: {', '.join(diffs) or 'unknown'}. "
+            "Resume with the pipeline config it was taken with"
+        )
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_state_file(path: str | os.PathLike[str]) -> ResumeState:
+    """Load and verify a checkpoint file."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise UnknownCheckpoint(f"checkpoint file {str(path)!r} does not exist") from None
+    return ResumeState.decode(data)
+
+
+_ID = re.compile(r"^ckpt-(\d{8})(-[A-Za-z0-9_.-]{1,64})?$")
+
+
+class CheckpointStore:
+    """Checkpoints in a state directory: ``ckpt-<n>[-tag].zck``, newest = highest n."""
+
+    suffix = ".zck"
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.clean_temp_files()
+
+    def clean_temp_files(self) -> int:
+        """Remove temp files left by an interrupted write; returns how many."""
+        n = 0
+        for stray in self.dir.glob(".ckpt-*.tmp"):
+            stray.unlink(missing_ok=True)
+            n += 1
+        return n
+
+    def ids(self) -> list[str]:
+        """Checkpoint ids, oldest first."""
+        found = [p.name[: -len(self.suffix)] for p in self.dir.glob(f"ckpt-*{self.suffix}")]
+        return sorted((i for i in found if _ID.match(i)), key=lambda i: int(i[5:13]))
+
+    def save(self, state: ResumeState) -> tuple[str, bytes]:
+        """Persist atomically under a new id; returns (id, bytes)."""
+        ids = self.ids()
+        n = int(ids[-1][5:13]) + 1 if ids else 1
+        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", state.tag)[:64]
+        cid = f"ckpt-{n:08d}" + (f"-{tag}" if tag else "")
+        data = state.encode()
+        write_atomic(self.dir / f"{cid}{self.suffix}", data)
+        return cid, data
+
+    def load(self, checkpoint_id: str) -> ResumeState:
+        """The checkpoint with that id (verified)."""
+        if not _ID.match(checkpoint_id):
+            raise UnknownCheckpoint(
+                f"unknown checkpoint id {checkpoint_id!r}; ids look like ckpt-00000001"
+            )
+        path = self.dir / f"{checkpoint_id}{self.suffix}"
+        if not path.exists():
+            raise UnknownCheckpoint(
+                f"unknown checkpoint id {checkpoint_id!r}; available: {self.ids()[-5:]}"
+            )
+        return read_state_file(path)
+
+    def latest(self) -> tuple[str, ResumeState] | None:
+        """The newest checkpoint that loads, or None."""
+        ids = self.ids()
+        return (ids[-1], self.load(ids[-1])) if ids else None

@@ -1,0 +1,107 @@
+"""Checkpoint files: atomic, checksummed; corrupt, truncated, foreign and newer ones refused."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from zephon_server.engine.checkpoint import (
+    MAGIC,
+    CheckpointStore,
+    CorruptCheckpoint,
+    IncompatibleCheckpoint,
+    ResumeState,
+    UnknownCheckpoint,
+    read_state_file,
+)
+from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.pipeline import Pipeline
+from zephon_server.engine.records import SampleBatch
+
+
+def pipeline(specs, seed=1, microbatch=2):
+    return (
+        Pipeline(specs, seed=seed, lanes=2, chunk_size=8, flush_every_k_chunks=2)
+        .decode_text()
+        .tokenize()
+        .shuffle(buffer_size=4)
+        .batch(microbatch_size=microbatch)
+    )
+
+
+@pytest.fixture(scope="module")
+def state_bytes(corpus_specs):
+    run = pipeline(corpus_specs).run(ExecutionConfig(runner="inline"))
+    n = 0
+    for item in run:
+        n += isinstance(item, SampleBatch)
+        if n == 6:
+            break
+    run.close()
+    return run.checkpoint().encode()
+
+
+def test_store_saves_atomically_and_loads_latest(tmp_path, state_bytes):
+    store = CheckpointStore(tmp_path)
+    (tmp_path / ".ckpt-00000009.zck.abc.tmp").write_bytes(b"partial")  # interrupted write
+    store = CheckpointStore(tmp_path)
+    assert not list(tmp_path.glob("*.tmp"))
+    state = ResumeState.decode(state_bytes)
+    state.tag = "step 100"
+    first, _ = store.save(state)
+    second, data = store.save(state)
+    assert store.ids() == [first, second] and second.endswith("-step_100")
+    latest_id, latest = store.latest()
+    assert latest_id == second and latest.encode() == data == state.encode()
+    with pytest.raises(UnknownCheckpoint, match="unknown checkpoint id 'ckpt-99999999'"):
+        store.load("ckpt-99999999")
+
+
+def test_truncated_at_every_offset_is_refused(state_bytes):
+    for cut in range(0, len(state_bytes), max(1, len(state_bytes) // 97)):
+        with pytest.raises(CorruptCheckpoint):
+            ResumeState.decode(state_bytes[:cut])
+
+
+def test_bit_flips_are_refused(state_bytes):
+    for pos in range(0, len(state_bytes), max(1, len(state_bytes) // 53)):
+        flipped = bytearray(state_bytes)
+        flipped[pos] ^= 0x10
+        with pytest.raises((CorruptCheckpoint, IncompatibleCheckpoint)):
+            ResumeState.decode(bytes(flipped))
+
+
+def test_empty_and_foreign_files(tmp_path):
+    with pytest.raises(CorruptCheckpoint, match="truncated"):
+        ResumeState.decode(b"")
+    with pytest.raises(CorruptCheckpoint, match="not a Zephon checkpoint"):
+        ResumeState.decode(b"PK\x03\x04" + bytes(60))
+    with pytest.raises(UnknownCheckpoint, match="does not exist"):
+        read_state_file(tmp_path / "missing.zck")
+
+
+def test_newer_format_version_is_refused(state_bytes):
+    newer = MAGIC + struct.pack("<H", 99) + state_bytes[10:]
+    with pytest.raises(IncompatibleCheckpoint, match="version 99 is newer"):
+        ResumeState.decode(newer)
+
+
+def test_fingerprint_mismatch_names_what_differs(corpus_specs, state_bytes):
+    state = ResumeState.decode(state_bytes)
+    other = pipeline(corpus_specs, seed=2, microbatch=3)
+    with pytest.raises(IncompatibleCheckpoint) as info:
+        other.run(ExecutionConfig(runner="inline"), resume=state)
+    message = str(info.value)
+    assert "seed (checkpoint 1, pipeline 2)" in message
+    assert "op3:batch" in message
+    assert state.fingerprint[:16] in message
+
+
+def test_execution_settings_do_not_change_the_fingerprint(corpus_specs, state_bytes):
+    state = ResumeState.decode(state_bytes)
+    run = pipeline(corpus_specs).run(ExecutionConfig(runner="threads", workers=3), resume=state)
+    first = {}
+    for batch in run.batches():
+        first.setdefault(batch.lane_id, batch.seq)
+    assert first == {lane: st.next_seq for lane, st in state.lanes.items()}
