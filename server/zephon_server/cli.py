@@ -199,6 +199,22 @@ def cmd_run_default(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the pipeline over gRPC until SIGTERM."""
+    from .service.server import serve
+
+    pipeline, execution = load_pipeline(args)
+    return serve(args, pipeline, execution)
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print batches of one lane from a running server."""
+    from zephon_client.tail import tail
+
+    tail(args.address, args.lane, args.count, start_seq=args.start_seq, decode=not args.no_decode)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every sub-command."""
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__.split("\n")[0])
@@ -223,6 +239,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-state", metavar="FILE", help="write the resume state after the dump")
     p.add_argument("--resume-state", metavar="FILE", help="continue each lane from a state file")
     p.set_defaults(func=cmd_dump)
+
+    p = sub.add_parser("serve", help="serve the pipeline over gRPC")
+    pipeline_args(p)
+    from .service.server import add_serve_arguments
+
+    add_serve_arguments(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("tail", help="print batches of a lane from a running server")
+    p.add_argument("--address", required=True, help="server address host:port")
+    p.add_argument("--lane", type=int, required=True)
+    p.add_argument("--count", type=int, default=4)
+    p.add_argument("--start-seq", type=int, default=0)
+    p.add_argument("--no-decode", action="store_true", help="print token ids, not text")
+    p.set_defaults(func=cmd_tail)
 
     p = sub.add_parser("run-default", help="run a pipeline in-process with throughput logs")
     pipeline_args(p)

@@ -9,6 +9,7 @@ that reach the end of a lane without a batch are kept in ``lane_tail_tombstones`
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
@@ -24,7 +25,7 @@ from .runners.base import StageRunner
 from .runners.inline import InlineRunner
 from .runners.steps import StepDriver
 from .runners.threads import ThreadsRunner
-from .source import LaneSource
+from .source import LaneGate, LaneSource
 from .work_source import WorkSource
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class PipelineRun:
         resume: ResumeState | None = None,
         max_chunks_per_lane: int | None = None,
         retention: int = 4096,
+        gate: LaneGate | None = None,
     ) -> None:
         self.plan = plan
         p = plan.pipeline
@@ -117,6 +119,8 @@ class PipelineRun:
             plan.datasets, seed=p.seed, lanes=p.lanes, chunk_size=p.chunk_size
         )
         self.max_chunks_per_lane = max_chunks_per_lane
+        self.gate = gate
+        self._lock = threading.Lock()  # lane logs: producer appends, checkpoints read
         self.k = p.flush_every_k_chunks
         starts = self._starts(resume)
         self.logs = {lane: LaneLog(lane, starts[lane], retention) for lane in self.lanes}
@@ -126,6 +130,15 @@ class PipelineRun:
         self.batches_out = 0
         self.tokens_out = 0
         self.tombstones: Counter[tuple[str, str]] = Counter()  # (dataset, reason) -> count
+        self.dataset_tokens: Counter[int] = Counter()  # dataset index -> tokens delivered
+
+    def dataset_token_shares(self) -> dict[str, float]:
+        """Share of delivered tokens per dataset name."""
+        total = sum(self.dataset_tokens.values())
+        if not total:
+            return {}
+        names = self.plan.datasets
+        return {names[i].spec.name: n / total for i, n in sorted(self.dataset_tokens.items())}
 
     def _starts(self, resume: ResumeState | None) -> dict[int, LaneState]:
         if resume is None:
@@ -151,6 +164,10 @@ class PipelineRun:
 
         Raises :class:`CheckpointError` for a position not produced yet or no longer retained.
         """
+        with self._lock:
+            return self._checkpoint(positions, tag)
+
+    def _checkpoint(self, positions: dict[int, int] | None, tag: str) -> ResumeState:
         if positions is None:
             positions = {lane: log.next_seq for lane, log in self.logs.items()}
         lanes: dict[int, LaneState] = {}
@@ -221,6 +238,7 @@ class PipelineRun:
             flush_every_k_chunks=plan.pipeline.flush_every_k_chunks,
             start_chunks={lane: log.start.boundary_chunk for lane, log in self.logs.items()},
             max_chunks_per_lane=self.max_chunks_per_lane,
+            gate=self.gate,
         )
         targets = {
             lane: log.start.replay_cursor
@@ -253,7 +271,11 @@ class PipelineRun:
                         if item.tombstones:
                             self._count_tombstones(item.tombstones)
                         if item.rows:
-                            log_.add(item)
+                            for meta in item.rows:
+                                for span in meta.spans:
+                                    self.dataset_tokens[span.doc.dataset] += span.length
+                            with self._lock:
+                                log_.add(item)
                             self.batches_out += 1
                             self.tokens_out += item.num_tokens()
                             yield item

@@ -9,9 +9,20 @@ execution detail, since every accumulator keys its state by lane. After every
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .records import DocRef, FlushSentinel, LaneEnd, SampleMeta, SampleRecord
+
+
+class LaneGate(Protocol):
+    """Demand control: the source feeds a lane only while ``ready(lane)`` holds."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def ready(self, lane: int) -> bool: ...
+
+    def wait(self, timeout: float) -> None: ...
 
 
 def chunk_records(chunk: Any) -> list[SampleRecord]:
@@ -36,12 +47,14 @@ class LaneSource:
         flush_every_k_chunks: int,
         start_chunks: Mapping[int, int] | None = None,
         max_chunks_per_lane: int | None = None,
+        gate: LaneGate | None = None,
     ) -> None:
         self.work_source = work_source
         self.lanes = list(lanes)
         self.k = flush_every_k_chunks
         self.start_chunks = dict(start_chunks or {})
         self.max_chunks_per_lane = max_chunks_per_lane
+        self.gate = gate
         self.chunks_emitted: dict[int, int] = {lane: 0 for lane in self.lanes}
 
     def __iter__(self) -> Iterator[list[Any]]:
@@ -51,8 +64,13 @@ class LaneSource:
         }
         k = self.k
         limit = self.max_chunks_per_lane
+        gate = self.gate
         while streams:
+            fed = False
             for lane in list(streams):
+                if gate is not None and not gate.ready(lane):
+                    continue  # the lane's consumers are far behind: feed the others
+                fed = True
                 chunk = None
                 if limit is None or self.chunks_emitted[lane] < limit:
                     chunk = next(streams[lane], None)
@@ -66,3 +84,7 @@ class LaneSource:
                 if k and nxt % k == 0:
                     items.append(FlushSentinel(lane, nxt))
                 yield items
+            if gate is not None and gate.closed:
+                return  # the host is shutting down
+            if not fed and gate is not None:
+                gate.wait(0.05)

@@ -61,8 +61,12 @@ class StageRunner:
     def close(self) -> None:
         """Stop threads and pools (idempotent)."""
 
-    def reorder_depths(self) -> dict[str, int]:
-        """Current reorder-buffer depth per step (pooled runners)."""
+    def reorder_stats(self) -> dict[str, tuple[int, int]]:
+        """(current, max) reorder-buffer depth per step (pooled runners)."""
+        return {}
+
+    def queue_depths(self) -> dict[str, int]:
+        """Item lists waiting in each inter-step queue (pooled runners)."""
         return {}
 
 
@@ -105,8 +109,15 @@ class PooledRunner(StageRunner):
 
     # -- skeleton -------------------------------------------------------------------------
 
-    def reorder_depths(self) -> dict[str, int]:
-        return {d.step.name: rb.depth for d, rb in zip(self.drivers, self._buffers)}
+    def reorder_stats(self) -> dict[str, tuple[int, int]]:
+        return {d.step.name: (rb.depth, rb.max_depth) for d, rb in zip(self.drivers, self._buffers)}
+
+    def queue_depths(self) -> dict[str, int]:
+        names = ["source", *(d.step.name for d in self.drivers)]
+        return {
+            f"into:{n}" if i else "source": q.qsize()
+            for i, (n, q) in enumerate(zip(names, self._queues))
+        }
 
     def run(self, upstream: Iterator[ItemList]) -> Iterator[ItemList]:
         self.start_pool()

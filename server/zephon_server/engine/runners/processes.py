@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -34,9 +35,11 @@ def _init_worker(steps: list[Step], contexts: list[list[Any]]) -> None:
         _WORKER_STEPS[step.index] = step
 
 
-def _run_task(step_index: int, elems: list[Any]) -> list[Any]:
+def _run_task(step_index: int, elems: list[Any]) -> tuple[list[Any], float]:
     step = _WORKER_STEPS[step_index]
-    return shm.export_results(step.run(elems))
+    started = time.perf_counter()
+    result = step.run(elems)
+    return shm.export_results(result), time.perf_counter() - started
 
 
 class ProcessesRunner(PooledRunner):
@@ -78,10 +81,11 @@ class ProcessesRunner(PooledRunner):
         outer: Future[list[Any]] = Future()
         step = task.step
 
-        def relay(f: Future[list[Any]]) -> None:
+        def relay(f: Future[Any]) -> None:
             exc = f.exception()
             if exc is None:
-                result = f.result()
+                result, seconds = f.result()
+                step.timing.observe(seconds)
                 shm.register_results(result)
                 outer.set_result(result)
             elif isinstance(exc, BrokenProcessPool):

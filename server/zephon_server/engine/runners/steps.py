@@ -16,6 +16,8 @@ control items into an ordered list of *tasks* (micro-batches for the workers) an
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 import traceback
 from collections import deque
@@ -32,6 +34,33 @@ from ..shm import resolve_payloads
 CONTROL_TYPES = (FlushSentinel, LaneEnd)
 
 
+class OpTiming:
+    """A small thread-safe histogram of worker seconds per micro-batch."""
+
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BUCKETS) + 1)
+        self.total = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        i = bisect.bisect_left(self.BUCKETS, seconds)
+        with self._lock:
+            self.counts[i] += 1
+            self.total += seconds
+
+    def snapshot(self) -> tuple[list[tuple[str, int]], float]:
+        """Cumulative ``(le, count)`` buckets (Prometheus style) and the sum."""
+        with self._lock:
+            counts, total = list(self.counts), self.total
+        out, running = [], 0
+        for bound, n in zip((*map(str, self.BUCKETS), "+Inf"), counts):
+            running += n
+            out.append((bound, running))
+        return out, total
+
+
 class Step:
     """A run of operators executed in one worker call, grouped by the first one's accumulator."""
 
@@ -44,6 +73,16 @@ class Step:
         self.name = "+".join(op.op_name for op in self.ops)
         # The runner decides stalling from the operator instance, not from a trait.
         self.stalls = isinstance(self.ops[0], Batch) and self.ops[0].drop_last
+        self.timing = OpTiming()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["timing"] = None  # per process; recreated on unpickling
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.timing = OpTiming()
 
     @property
     def head(self) -> Operator:
@@ -55,6 +94,7 @@ class Step:
 
     def run(self, elems: list[Any]) -> list[Any]:
         """The worker function: every operator of the step, in order, on one micro-batch."""
+        started = time.perf_counter()
         elems = resolve_payloads(elems)
         for op in self.ops:
             if not elems:
@@ -67,6 +107,7 @@ class Step:
                 raise WorkerError(
                     op.op_name, f"{type(exc).__name__}: {exc}", traceback.format_exc()
                 ) from exc
+        self.timing.observe(time.perf_counter() - started)
         return elems
 
 

@@ -1,0 +1,370 @@
+"""The lane hub: one pipeline run shared by every consumer of a server's lanes.
+
+The hub runs the pipeline on a producer thread and keeps, per lane, a log of recent batches.
+Consumers read by absolute seq; several consumers of one lane (tensor/pipeline-parallel
+peers) get the identical batch objects, computed once. Memory is bounded per lane: the
+source stops feeding a lane once it is ``max_ahead`` batches ahead of its slowest consumer,
+so a slow consumer holds back only its own lane, and consumed batches are kept only
+``keep_consumed`` deep for quick reconnects. A consumer asking for an older seq is served
+by a private *replay* run regenerated from that lane's nearest epoch boundary.
+
+The hub never imports gRPC; the service adapts it to the protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkpoint import CheckpointError, CheckpointStore, ResumeState
+from .errors import ZephonError
+from .execution import ExecutionConfig
+from .pipeline import Pipeline
+from .planner import Plan
+from .records import LaneEnd, SampleBatch
+from .run import PipelineRun
+
+log = logging.getLogger(__name__)
+
+
+class OutOfRange(ZephonError):
+    """A seq that is no longer, or not yet, reachable on a lane."""
+
+
+class HubClosed(ZephonError):
+    """The hub is stopping (drain) or was reset by a resume."""
+
+
+class BadLane(ZephonError, ValueError):
+    """A lane this server does not serve."""
+
+
+@dataclass
+class EndOfLane:
+    """Returned by :meth:`LaneHub.read` past a lane's last batch."""
+
+    next_seq: int
+    chain: bytes
+
+
+@dataclass
+class _Lane:
+    lane: int
+    start_seq: int  # first seq this run can produce (resume position)
+    batches: deque[SampleBatch] = field(default_factory=deque)
+    next_seq: int = 0  # next seq the producer will add
+    end: EndOfLane | None = None
+    consumers: dict[str, int] = field(default_factory=dict)  # consumer -> acked next_seq
+    acked: int = 0
+
+    @property
+    def first_seq(self) -> int:
+        return self.batches[0].seq if self.batches else self.next_seq
+
+    def slowest(self) -> int:
+        return min(self.consumers.values()) if self.consumers else self.acked
+
+
+class LaneHub:
+    """Hosts a pipeline run for a set of lanes; see the module docstring."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        execution: ExecutionConfig,
+        *,
+        lanes: Sequence[int] | None = None,
+        store: CheckpointStore | None = None,
+        max_ahead: int = 32,
+        keep_consumed: int = 64,
+    ) -> None:
+        self.pipeline = pipeline
+        self.execution = execution
+        self.plan: Plan = pipeline.plan(execution)
+        n = self.plan.pipeline.lanes
+        self.lanes = sorted(set(lanes)) if lanes is not None else list(range(n))
+        for lane in self.lanes:
+            if not 0 <= lane < n:
+                raise BadLane(f"lane {lane} does not exist; the pipeline has lanes 0..{n - 1}")
+        self.store = store
+        self.max_ahead = max_ahead
+        self.keep_consumed = keep_consumed
+        self._cond = threading.Condition()
+        self._run: PipelineRun | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self._generation = 0
+        self._state: dict[int, _Lane] = {}
+        self.resumed_from: str | None = None
+        self.replays_started = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        return self.plan.fingerprint
+
+    @property
+    def num_lanes(self) -> int:
+        return self.plan.pipeline.lanes
+
+    @property
+    def run(self) -> PipelineRun | None:
+        return self._run
+
+    def start(self, resume: ResumeState | None = None) -> None:
+        """Start producing (from the beginning, or from ``resume``'s positions)."""
+        with self._cond:
+            run = PipelineRun(self.plan, lanes=self.lanes, resume=resume, gate=self)
+            self._run = run
+            self._error = None
+            self._generation += 1
+            self._state = {}
+            for lane in self.lanes:
+                start = run.logs[lane].start.next_seq
+                self._state[lane] = _Lane(lane, start, next_seq=start, acked=start)
+            gen = self._generation
+            self._thread = threading.Thread(
+                target=self._produce, args=(run, gen), name="zephon-hub-producer", daemon=True
+            )
+            self._thread.start()
+        log.info("hub started: lanes %s from %s", self.lanes, self.positions())
+
+    def stop(self) -> None:
+        """Stop producing and wake every reader (they get :class:`HubClosed`)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            run, thread = self._run, self._thread
+        if run is not None:
+            run.close()
+        if thread is not None:
+            thread.join(timeout=10)
+
+    def resume(self, state: ResumeState, source: str = "") -> dict[int, int]:
+        """Reset the engine to a checkpoint; returns the new per-lane positions."""
+        if self._run is not None:
+            state.check_compatible(self.plan.fingerprint, self.plan.components)
+            missing = [lane for lane in self.lanes if lane not in state.lanes]
+            if missing:
+                raise CheckpointError(
+                    f"checkpoint has no state for lanes {missing}; it covers {sorted(state.lanes)}"
+                )
+        self.stop()
+        with self._cond:
+            self._closed = False
+        self.start(resume=state)
+        self.resumed_from = source or None
+        return self.positions()
+
+    # -- gate (called by the lane source on the producer side) ------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def ready(self, lane: int) -> bool:
+        with self._cond:
+            st = self._state.get(lane)
+            return st is None or st.next_seq - st.slowest() < self.max_ahead
+
+    def wait(self, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait(timeout)
+
+    # -- producer -------------------------------------------------------------------------
+
+    def _produce(self, run: PipelineRun, generation: int) -> None:
+        try:
+            for item in run:
+                with self._cond:
+                    if generation != self._generation or self._closed:
+                        return
+                    st = self._state[item.lane_id]
+                    if isinstance(item, SampleBatch):
+                        st.batches.append(item)
+                        st.next_seq = item.seq + 1
+                        self._evict(st)
+                    elif isinstance(item, LaneEnd):
+                        st.end = EndOfLane(st.next_seq, run.logs[item.lane_id].chain)
+                    self._cond.notify_all()
+            log.info("pipeline finished: every served lane ended")
+        except BaseException as exc:
+            log.exception("pipeline failed")
+            with self._cond:
+                if generation == self._generation:
+                    self._error = exc
+                    self._cond.notify_all()
+
+    def _evict(self, st: _Lane) -> None:
+        keep_from = st.slowest() - self.keep_consumed
+        while st.batches and st.batches[0].seq < keep_from:
+            st.batches.popleft()
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def _lane(self, lane: int) -> _Lane:
+        st = self._state.get(lane)
+        if st is None:
+            raise BadLane(
+                f"lane {lane} is not served here; this server serves lanes {self.lanes} "
+                f"of {self.num_lanes}"
+            )
+        return st
+
+    def reachable(self, lane: int) -> tuple[int, int]:
+        """(oldest, newest) seqs a consumer may open at on ``lane`` right now."""
+        with self._cond:
+            st = self._lane(lane)
+            return self._oldest(st), st.slowest() + self.max_ahead
+
+    def _oldest(self, st: _Lane) -> int:
+        assert self._run is not None
+        history = self._run.logs[st.lane].history
+        oldest = st.start_seq
+        if history and history[0][0] + 1 > oldest and len(history) == history.maxlen:
+            oldest = history[0][0] + 1
+        return min(oldest, st.first_seq)
+
+    def open(self, lane: int, consumer: str, start_seq: int) -> Iterator[SampleBatch | EndOfLane]:
+        """A consumer's stream of ``lane`` from ``start_seq`` (raises OutOfRange / BadLane)."""
+        with self._cond:
+            st = self._lane(lane)
+            oldest = self._oldest(st)
+            newest = st.slowest() + self.max_ahead
+            if st.end is not None:
+                newest = st.end.next_seq
+            if start_seq < oldest or start_seq > newest:
+                when = "no longer" if start_seq < oldest else "not yet"
+                raise OutOfRange(
+                    f"lane {lane}: seq {start_seq} is {when} reachable; reachable range is "
+                    f"{oldest}..{newest} (the server keeps {self.keep_consumed} consumed batches "
+                    "and regenerates older ones from the last checkpointable position)"
+                )
+            generation = self._generation
+            st.consumers[consumer] = start_seq
+            replay = start_seq < st.first_seq
+        if replay:
+            return self._replay_stream(lane, consumer, start_seq, generation)
+        return self._live_stream(lane, consumer, start_seq, generation)
+
+    def ack(self, lane: int, consumer: str, next_seq: int) -> None:
+        """Consumer ``consumer`` consumed every batch of ``lane`` below ``next_seq``."""
+        with self._cond:
+            st = self._lane(lane)
+            if consumer in st.consumers and next_seq > st.consumers[consumer]:
+                st.consumers[consumer] = next_seq
+                st.acked = max(st.acked, next_seq)
+                self._evict(st)
+                self._cond.notify_all()
+
+    def close_consumer(self, lane: int, consumer: str) -> None:
+        """The consumer's stream ended: it no longer holds back eviction."""
+        with self._cond:
+            st = self._state.get(lane)
+            if st is not None and st.consumers.pop(consumer, None) is not None:
+                self._cond.notify_all()
+
+    def _live_stream(
+        self, lane: int, consumer: str, seq: int, generation: int
+    ) -> Iterator[SampleBatch | EndOfLane]:
+        while True:
+            with self._cond:
+                while True:
+                    self._check(generation)
+                    st = self._state[lane]
+                    if st.batches and st.first_seq <= seq < st.next_seq:
+                        item: SampleBatch | EndOfLane = st.batches[seq - st.first_seq]
+                        break
+                    if st.end is not None and seq >= st.end.next_seq:
+                        item = st.end
+                        break
+                    if seq < st.first_seq:
+                        raise OutOfRange(f"lane {lane}: seq {seq} was evicted")
+                    self._cond.wait(0.5)
+            yield item
+            if isinstance(item, EndOfLane):
+                return
+            seq += 1
+
+    def _check(self, generation: int) -> None:
+        if self._closed:
+            raise HubClosed("server is shutting down")
+        if generation != self._generation:
+            raise HubClosed("the engine was reset by Resume; reopen the lane")
+        if self._error is not None:
+            raise self._error
+
+    def _replay_stream(
+        self, lane: int, consumer: str, seq: int, generation: int
+    ) -> Iterator[SampleBatch | EndOfLane]:
+        assert self._run is not None
+        state = self._run.checkpoint({lane: seq})
+        self.replays_started += 1
+        log.info(
+            "lane %d: consumer %s replays from seq %d (boundary chunk %d)",
+            lane,
+            consumer,
+            seq,
+            state.lanes[lane].boundary_chunk,
+        )
+        run = PipelineRun(self.plan, lanes=[lane], resume=state)
+        try:
+            for item in run:
+                self._check(generation)
+                if isinstance(item, SampleBatch):
+                    yield item
+                elif isinstance(item, LaneEnd):
+                    yield EndOfLane(run.logs[lane].next_seq, run.logs[lane].chain)
+                    return
+        finally:
+            run.close()
+
+    # -- positions and checkpoints ----------------------------------------------------------
+
+    def positions(self) -> dict[int, int]:
+        """Acknowledged next_seq per lane (the slowest active consumer, else the last ack)."""
+        with self._cond:
+            return {lane: st.slowest() for lane, st in sorted(self._state.items())}
+
+    def produced(self) -> dict[int, int]:
+        with self._cond:
+            return {lane: st.next_seq for lane, st in sorted(self._state.items())}
+
+    def checkpoint(
+        self, positions: dict[int, int] | None = None, tag: str = ""
+    ) -> tuple[str, bytes, ResumeState]:
+        """Snapshot resume state (given positions override the acknowledged ones); persist."""
+        if self._run is None:
+            raise CheckpointError("the hub is not running")
+        merged = self.positions()
+        for lane, seq in (positions or {}).items():
+            self._lane(lane)
+            merged[lane] = seq
+        state = self._run.checkpoint(merged, tag=tag)
+        if self.store is None:
+            return "", state.encode(), state
+        cid, data = self.store.save(state)
+        return cid, data, state
+
+    def stats(self) -> dict[str, Any]:
+        """Per-lane figures for metrics and progress logs."""
+        with self._cond:
+            lanes = {
+                lane: {
+                    "produced": st.next_seq,
+                    "acked": st.slowest(),
+                    "buffered": len(st.batches),
+                    "consumers": len(st.consumers),
+                    "ended": st.end is not None,
+                }
+                for lane, st in self._state.items()
+            }
+        run_stats = self._run.stats() if self._run is not None else {}
+        return {"lanes": lanes, "run": run_stats, "time": time.time()}

@@ -1,0 +1,188 @@
+"""Prometheus metrics: counters updated on send, plus a collector that reads the engine.
+
+Names follow Prometheus conventions (``zephon_`` prefix, ``_total``, ``_seconds``,
+``_bytes``); labels are bounded (operator names, lanes, datasets). Engine figures (stalls,
+reorder-buffer depth, queue depths, operator time, replay, shares) are read at scrape time
+from the hub, so the hot path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from ..engine.hub import LaneHub
+from ..engine.records import SampleBatch
+
+
+class ServiceMetrics:
+    """The service's own metrics, registered in ``registry`` (injectable for tests)."""
+
+    def __init__(self, registry: CollectorRegistry, hub: LaneHub | None = None) -> None:
+        self.registry = registry
+        self.batches_sent = Counter(
+            "zephon_batches_sent_total", "Batches sent to consumers", registry=registry
+        )
+        self.tokens_sent = Counter(
+            "zephon_tokens_sent_total", "Non-padding tokens sent to consumers", registry=registry
+        )
+        self.padding_sent = Counter(
+            "zephon_padding_tokens_sent_total",
+            "Padding tokens sent to consumers",
+            registry=registry,
+        )
+        self.bytes_sent = Counter(
+            "zephon_sent_bytes_total", "Serialized batch bytes sent", registry=registry
+        )
+        self.active_streams = Gauge(
+            "zephon_active_streams", "Open StreamBatches calls", registry=registry
+        )
+        self.checkpoint_seconds = Histogram(
+            "zephon_checkpoint_duration_seconds",
+            "Checkpoint RPC duration",
+            registry=registry,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+        )
+        self.checkpoint_bytes = Gauge(
+            "zephon_checkpoint_size_bytes", "Size of the last checkpoint", registry=registry
+        )
+        self._lock = threading.Lock()
+        if hub is not None:
+            registry.register(EngineCollector(hub))
+
+    def sent(self, message: Any, batch: SampleBatch) -> Any:
+        """Count a batch about to be sent; returns the message."""
+        self.batches_sent.inc()
+        tokens = batch.num_tokens()
+        ids = batch.tensors.get("input_ids")
+        self.tokens_sent.inc(tokens)
+        if ids is not None:
+            self.padding_sent.inc(int(ids.size) - tokens)
+        self.bytes_sent.inc(message.ByteSize())
+        return message
+
+    def stream_opened(self) -> None:
+        self.active_streams.inc()
+
+    def stream_closed(self) -> None:
+        self.active_streams.dec()
+
+    def checkpoint_done(self, seconds: float, size: int) -> None:
+        self.checkpoint_seconds.observe(seconds)
+        self.checkpoint_bytes.set(size)
+
+
+class EngineCollector(Collector):
+    """Reads the hub and its current run at scrape time."""
+
+    def __init__(self, hub: LaneHub) -> None:
+        self.hub = hub
+
+    def collect(self) -> Iterator[Any]:
+        hub = self.hub
+        run = hub.run
+        stats = hub.stats()
+        lag = GaugeMetricFamily(
+            "zephon_consumer_lag_batches",
+            "Batches produced but not yet acknowledged, per lane",
+            labels=["lane"],
+        )
+        buffered = GaugeMetricFamily(
+            "zephon_lane_buffered_batches", "Batches held in a lane's output log", labels=["lane"]
+        )
+        produced = CounterMetricFamily(
+            "zephon_lane_batches_produced",
+            "Batches produced per lane (absolute seq)",
+            labels=["lane"],
+        )
+        for lane, st in stats["lanes"].items():
+            lag.add_metric([str(lane)], st["produced"] - st["acked"])
+            buffered.add_metric([str(lane)], st["buffered"])
+            produced.add_metric([str(lane)], st["produced"])
+        yield lag
+        yield buffered
+        yield produced
+        if run is None:
+            return
+        stalled = GaugeMetricFamily(
+            "zephon_stalled_sentinels",
+            "Flush sentinels currently held back (stalled lanes)",
+            labels=["op"],
+        )
+        stall_time = CounterMetricFamily(
+            "zephon_stall_seconds", "Time lanes spent stalled at a sentinel", labels=["op"]
+        )
+        stalls = CounterMetricFamily(
+            "zephon_sentinels_stalled", "Sentinels that had to be held back", labels=["op"]
+        )
+        depth = GaugeMetricFamily(
+            "zephon_reorder_buffer_depth",
+            "Completed micro-batches held back for order",
+            labels=["op"],
+        )
+        max_depth = GaugeMetricFamily(
+            "zephon_reorder_buffer_max_depth", "Largest reorder-buffer depth seen", labels=["op"]
+        )
+        for driver in run.drivers:
+            name = driver.step.name
+            stalled.add_metric([name], driver.stalled_lanes)
+            stall_time.add_metric([name], driver.stalled_seconds)
+            stalls.add_metric([name], driver.sentinels_stalled_total)
+        for runner in run.runners:
+            for name, (current, most) in runner.reorder_stats().items():
+                depth.add_metric([name], current)
+                max_depth.add_metric([name], most)
+        yield stalled
+        yield stall_time
+        yield stalls
+        yield depth
+        yield max_depth
+        queues = GaugeMetricFamily(
+            "zephon_queue_depth", "Item lists waiting between steps", labels=["queue"]
+        )
+        for runner in run.runners:
+            for name, size in runner.queue_depths().items():
+                queues.add_metric([name], size)
+        yield queues
+        op_time = HistogramMetricFamily(
+            "zephon_op_seconds", "Worker time per micro-batch, per step", labels=["op"]
+        )
+        for driver in run.drivers:
+            buckets, total = driver.step.timing.snapshot()
+            op_time.add_metric([driver.step.name], buckets, total)
+        yield op_time
+        run_stats = stats["run"]
+        replayed = CounterMetricFamily(
+            "zephon_replayed_records", "Records dropped by the replay filter after a resume"
+        )
+        replayed.add_metric([], run_stats.get("replayed", 0))
+        yield replayed
+        skipped = CounterMetricFamily(
+            "zephon_records_skipped",
+            "Malformed or unreadable records skipped (on_error: skip)",
+            labels=["dataset"],
+        )
+        for dataset, n in run_stats.get("skipped", {}).items():
+            skipped.add_metric([dataset], n)
+        yield skipped
+        share = GaugeMetricFamily(
+            "zephon_dataset_token_share", "Share of produced tokens per dataset", labels=["dataset"]
+        )
+        target = GaugeMetricFamily(
+            "zephon_dataset_target_share",
+            "Configured mixture share per dataset",
+            labels=["dataset"],
+        )
+        datasets = run.plan.datasets
+        total_w = sum(d.spec.weight for d in datasets)
+        shares = run.dataset_token_shares()
+        for d in datasets:
+            target.add_metric([d.spec.name], d.spec.weight / total_w)
+            share.add_metric([d.spec.name], shares.get(d.spec.name, 0.0))
+        yield share
+        yield target

@@ -1,0 +1,259 @@
+"""``zephon serve``: host a pipeline over gRPC with health, reflection and metrics.
+
+Start-up: load the pipeline (``--config``, ``--pipeline`` or the embedded default), open the
+state directory, restore ``--resume`` (``latest``, a checkpoint id or a file), start the hub,
+then serve. SIGTERM/SIGINT drain: health turns NOT_SERVING at once, open streams end with
+UNAVAILABLE (clients reconnect elsewhere or later), and the process exits 0 within
+``--drain-grace`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, start_http_server
+
+from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
+
+from ..engine.checkpoint import CheckpointStore, ResumeState, read_state_file
+from ..engine.errors import ZephonError
+from ..engine.hub import LaneHub
+from .auth import TokenAuthInterceptor
+from .metrics import ServiceMetrics
+from .servicer import DataService
+
+log = logging.getLogger("zephon.serve")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DataService"].full_name
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``zephon serve`` (binding names)."""
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (default: off)",
+    )
+    p.add_argument("--state-dir", default=None, help="directory for checkpoints")
+    p.add_argument(
+        "--resume",
+        default=None,
+        help="'latest', a checkpoint id from --state-dir, or a checkpoint file",
+    )
+    p.add_argument(
+        "--lanes", default=None, help="serve only these lanes, e.g. 0-3 (lane-sharded servers)"
+    )
+    p.add_argument("--max-streams", type=int, default=256, help="open StreamBatches limit")
+    p.add_argument(
+        "--max-ahead",
+        type=int,
+        default=32,
+        help="batches a lane may run ahead of its slowest consumer",
+    )
+    p.add_argument(
+        "--log-interval", type=float, default=10.0, help="seconds between progress lines (0: off)"
+    )
+    p.add_argument(
+        "--drain-grace",
+        type=float,
+        default=10.0,
+        help="seconds to finish open streams after SIGTERM",
+    )
+    p.add_argument("--tls-cert", help="server certificate (PEM); enables TLS")
+    p.add_argument("--tls-key", help="server private key (PEM)")
+    p.add_argument("--tls-client-ca", help="CA bundle for client certificates (mutual TLS)")
+    p.add_argument(
+        "--auth-token",
+        default=None,
+        help="require 'authorization: Bearer <token>' (or set ZEPHON_AUTH_TOKEN)",
+    )
+    p.add_argument("--port-file", default=None, help="write the bound gRPC port to this file")
+
+
+def _resume_state(arg: str | None, store: CheckpointStore | None) -> tuple[ResumeState | None, str]:
+    if not arg:
+        return None, ""
+    if arg == "latest":
+        if store is None:
+            raise ZephonError("--resume latest needs --state-dir")
+        found = store.latest()
+        if found is None:
+            log.warning("--resume latest: no checkpoint in %s yet; starting fresh", store.dir)
+            return None, ""
+        return found[1], found[0]
+    if Path(arg).is_file():
+        return read_state_file(arg), arg
+    if store is None:
+        raise ZephonError(f"--resume {arg!r}: not a file, and there is no --state-dir for ids")
+    return store.load(arg), arg
+
+
+def _credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
+    if not args.tls_cert and not args.tls_key:
+        if args.tls_client_ca:
+            raise ZephonError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ZephonError("TLS needs both --tls-cert and --tls-key")
+    key = Path(args.tls_key).read_bytes()
+    cert = Path(args.tls_cert).read_bytes()
+    ca = Path(args.tls_client_ca).read_bytes() if args.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
+
+
+class Server:
+    """The running service: gRPC server, hub, health, metrics, progress logging."""
+
+    def __init__(self, args: argparse.Namespace, pipeline: Any, execution: Any) -> None:
+        from ..cli import parse_lanes
+
+        self.args = args
+        self.store = CheckpointStore(args.state_dir) if args.state_dir else None
+        self.hub = LaneHub(
+            pipeline,
+            execution,
+            lanes=parse_lanes(args.lanes),
+            store=self.store,
+            max_ahead=args.max_ahead,
+        )
+        self.registry = CollectorRegistry()
+        self.metrics = ServiceMetrics(self.registry, self.hub)
+        self.service = DataService(self.hub, metrics=self.metrics, max_streams=args.max_streams)
+        self.health = health.HealthServicer()
+        token = args.auth_token or os.environ.get("ZEPHON_AUTH_TOKEN") or None
+        interceptors = [TokenAuthInterceptor(token)] if token else []
+        self.grpc = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=args.max_streams + 32, thread_name_prefix="zephon-rpc"
+            ),
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_send_message_length", 256 << 20),
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.keepalive_time_ms", 20_000),
+                ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ],
+            maximum_concurrent_rpcs=args.max_streams + 64,
+        )
+        pb_grpc.add_DataServiceServicer_to_server(self.service, self.grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.grpc,
+        )
+        address = f"{args.host}:{args.port}"
+        creds = _credentials(args)
+        self.port = (
+            self.grpc.add_secure_port(address, creds)
+            if creds
+            else self.grpc.add_insecure_port(address)
+        )
+        if not self.port:
+            raise ZephonError(f"cannot listen on {address}")
+        self._stopped = threading.Event()
+        self._drain_lock = threading.Lock()
+        self._draining = False
+
+    def start(self) -> None:
+        state, source = _resume_state(self.args.resume, self.store)
+        self.hub.start(resume=state)
+        if source:
+            self.hub.resumed_from = source
+            log.info("resumed from %s at %s", source, self.hub.positions())
+        if self.args.metrics_port is not None:
+            start_http_server(self.args.metrics_port, addr=self.args.host, registry=self.registry)
+            log.info("metrics on http://%s:%d/metrics", self.args.host, self.args.metrics_port)
+        self.grpc.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.args.port_file:
+            Path(self.args.port_file).write_text(f"{self.port}\n")
+        log.info(
+            "serving %d lanes %s of pipeline %s on %s:%d",
+            len(self.hub.lanes),
+            self.hub.lanes,
+            self.hub.fingerprint[:16],
+            self.args.host,
+            self.port,
+        )
+        if self.args.log_interval > 0:
+            threading.Thread(target=self._progress, name="zephon-progress", daemon=True).start()
+
+    def drain(self) -> None:
+        """Graceful stop: NOT_SERVING, refuse new streams, end open ones, stop."""
+        with self._drain_lock:
+            if self._draining:
+                return
+            self._draining = True
+        log.info("draining: health NOT_SERVING, ending open streams")
+        self.health.enter_graceful_shutdown()
+        self.service.draining.set()
+        done = self.grpc.stop(self.args.drain_grace)
+        self.hub.stop()
+        done.wait(self.args.drain_grace)
+        self._stopped.set()
+        log.info("stopped")
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def _progress(self) -> None:
+        last_batches = last_tokens = 0.0
+        last = time.monotonic()
+        while not self._stopped.wait(self.args.log_interval):
+            now = time.monotonic()
+            batches = self.metrics.batches_sent._value.get()
+            tokens = self.metrics.tokens_sent._value.get()
+            stats = self.hub.stats()
+            lag = max((s["produced"] - s["acked"] for s in stats["lanes"].values()), default=0)
+            run = self.hub.run
+            stalled = sum(d.stalled_lanes for d in run.drivers) if run else 0
+            dt = max(now - last, 1e-9)
+            log.info(
+                "sent %.1f batches/s, %.0f tokens/s; streams %d; max lag %d batches; "
+                "stalled lanes %d",
+                (batches - last_batches) / dt,
+                (tokens - last_tokens) / dt,
+                self.service.active_streams,
+                lag,
+                stalled,
+            )
+            last_batches, last_tokens, last = batches, tokens, now
+
+
+def serve(args: argparse.Namespace, pipeline: Any, execution: Any) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit code."""
+    server = Server(args, pipeline, execution)
+    server.start()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("received %s", signal.Signals(signum).name)
+        threading.Thread(target=server.drain, name="zephon-drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.wait()
+    return 0

@@ -1,0 +1,271 @@
+"""The ``zephon.v1.DataService`` servicer: GetInfo, StreamBatches, Checkpoint, Resume.
+
+A thin adapter over :class:`~zephon_server.engine.hub.LaneHub`. ``StreamBatches`` reads the
+first client message (``OpenLane``), then serves the lane in seq order while a helper thread
+reads acknowledgements; at most ``window`` batches are sent beyond the last acknowledgement,
+so a slow consumer is held back without holding back other lanes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
+
+from .. import __version__
+from ..engine.checkpoint import ResumeState
+from ..engine.hub import EndOfLane, HubClosed, LaneHub
+from .errors import abort
+from .metrics import ServiceMetrics
+from .wire import batch_response, end_response
+
+log = logging.getLogger(__name__)
+
+WINDOW = 16
+
+
+class Draining(HubClosed):
+    """The server is draining (SIGTERM): new streams are refused, open ones end."""
+
+
+class DataService(pb_grpc.DataServiceServicer):
+    """Serves a :class:`LaneHub` over gRPC."""
+
+    def __init__(
+        self, hub: LaneHub, *, metrics: ServiceMetrics, max_streams: int = 256, window: int = WINDOW
+    ) -> None:
+        self.hub = hub
+        self.metrics = metrics
+        self.max_streams = max_streams
+        self.window = window
+        self.draining = threading.Event()
+        self._lock = threading.Lock()
+        self._streams = 0
+        self._ids = itertools.count()
+
+    @property
+    def active_streams(self) -> int:
+        return self._streams
+
+    # -- unary ------------------------------------------------------------------------------
+
+    def GetInfo(
+        self, request: pb.GetInfoRequest, context: grpc.ServicerContext
+    ) -> pb.GetInfoResponse:
+        hub = self.hub
+        tokenizers = [op for op in hub.plan.ops if op.op_name == "tokenize"]
+        store = hub.store
+        return pb.GetInfoResponse(
+            num_lanes=hub.num_lanes,
+            fingerprint=hub.fingerprint,
+            plan=hub.plan.explain(),
+            acknowledged=[
+                pb.LanePosition(lane=lane, next_seq=seq) for lane, seq in hub.positions().items()
+            ],
+            checkpoint_ids=store.ids() if store is not None else [],
+            version=__version__,
+            served_lanes=hub.lanes,
+            tensor_names=_tensor_names(hub),
+            tokenizer=getattr(tokenizers[-1], "tokenizer_spec", "") if tokenizers else "",
+            flush_every_k_chunks=hub.plan.pipeline.flush_every_k_chunks,
+        )
+
+    def Checkpoint(
+        self, request: pb.CheckpointRequest, context: grpc.ServicerContext
+    ) -> pb.CheckpointResponse:
+        positions = {p.lane: p.next_seq for p in request.positions}
+        start = time.monotonic()
+        try:
+            cid, data, state = self.hub.checkpoint(positions, tag=request.tag)
+        except Exception as exc:
+            abort(context, exc)
+        self.metrics.checkpoint_done(time.monotonic() - start, len(data))
+        log.info(
+            "checkpoint %s at %s (%d bytes)", cid or "(not persisted)", state.positions(), len(data)
+        )
+        return pb.CheckpointResponse(
+            checkpoint_id=cid,
+            state=data,
+            positions=[pb.LanePosition(lane=k, next_seq=v) for k, v in state.positions().items()],
+        )
+
+    def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.ResumeResponse:
+        try:
+            kind = request.WhichOneof("source")
+            if kind == "checkpoint_id":
+                if self.hub.store is None:
+                    raise_not_found(request.checkpoint_id)
+                assert self.hub.store is not None
+                state = self.hub.store.load(request.checkpoint_id)
+                source = request.checkpoint_id
+            elif kind == "state":
+                state = ResumeState.decode(request.state)
+                source = "bytes"
+            else:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, "ResumeRequest needs checkpoint_id or state"
+                )
+            positions = self.hub.resume(state, source=source)
+        except grpc.RpcError:
+            raise
+        except Exception as exc:
+            abort(context, exc)
+        log.info("resumed from %s at %s", source, positions)
+        return pb.ResumeResponse(
+            positions=[pb.LanePosition(lane=k, next_seq=v) for k, v in positions.items()],
+            fingerprint=self.hub.fingerprint,
+        )
+
+    # -- streaming --------------------------------------------------------------------------
+
+    def StreamBatches(
+        self, request_iterator: Iterator[pb.StreamBatchesRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.StreamBatchesResponse]:
+        if self.draining.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining; retry elsewhere")
+        with self._lock:
+            if self._streams >= self.max_streams:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"stream limit reached ({self.max_streams} open streams); "
+                    "close streams or raise --max-streams",
+                )
+            self._streams += 1
+        try:
+            yield from self._stream(request_iterator, context)
+        finally:
+            with self._lock:
+                self._streams -= 1
+
+    def _stream(
+        self, requests: Iterator[pb.StreamBatchesRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.StreamBatchesResponse]:
+        first = next(requests, None)
+        if first is None or first.WhichOneof("kind") != "open":
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the first StreamBatches message must be OpenLane(lane, start_seq)",
+            )
+        assert first is not None
+        lane, start = first.open.lane, first.open.start_seq
+        consumer = f"{first.open.consumer or context.peer()}#{next(self._ids)}"
+        try:
+            stream = self.hub.open(lane, consumer, start)
+        except Exception as exc:
+            abort(context, exc)
+        acked = _AckState(start)
+        reader = threading.Thread(
+            target=self._read_acks,
+            name=f"zephon-acks-{lane}",
+            args=(requests, lane, consumer, acked, context),
+            daemon=True,
+        )
+        reader.start()
+        self.metrics.stream_opened()
+        sent = start
+        try:
+            for item in stream:
+                if isinstance(item, EndOfLane):
+                    yield end_response(item.next_seq, item.chain)
+                    return
+                if not acked.wait_below(sent - self.window + 1, context, self.draining):
+                    break
+                if acked.error is not None:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, acked.error)
+                yield self.metrics.sent(batch_response(item), item)
+                sent = item.seq + 1
+            if self.draining.is_set():
+                context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining; reconnect later")
+        except grpc.RpcError:
+            raise
+        except Exception as exc:
+            if self.draining.is_set():
+                context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining; reconnect later")
+            abort(context, exc)
+        finally:
+            acked.close()
+            self.hub.close_consumer(lane, consumer)
+            self.metrics.stream_closed()
+
+    def _read_acks(
+        self,
+        requests: Iterator[pb.StreamBatchesRequest],
+        lane: int,
+        consumer: str,
+        acked: _AckState,
+        context: grpc.ServicerContext,
+    ) -> None:
+        try:
+            for msg in requests:
+                if msg.WhichOneof("kind") != "ack":
+                    acked.fail("after OpenLane only Ack messages are allowed on a stream")
+                    return
+                self.hub.ack(lane, consumer, msg.ack.next_seq)
+                acked.update(msg.ack.next_seq)
+        except grpc.RpcError:
+            pass
+        except Exception:
+            log.debug("ack reader for lane %d ended", lane, exc_info=True)
+        finally:
+            acked.close()
+
+
+class _AckState:
+    """Highest acknowledged next_seq of one stream, with waiting for the send window."""
+
+    def __init__(self, start: int) -> None:
+        self.value = start
+        self.error: str | None = None
+        self.closed = False
+        self._cond = threading.Condition()
+
+    def update(self, next_seq: int) -> None:
+        with self._cond:
+            if next_seq > self.value:
+                self.value = next_seq
+                self._cond.notify_all()
+
+    def fail(self, message: str) -> None:
+        with self._cond:
+            self.error = message
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def wait_below(
+        self, needed: int, context: grpc.ServicerContext, draining: threading.Event
+    ) -> bool:
+        """Wait until acks reach ``needed`` (the window has room); False if the stream ended."""
+        with self._cond:
+            while self.value < needed and self.error is None:
+                if self.closed or not context.is_active() or draining.is_set():
+                    return False
+                self._cond.wait(0.2)
+            return context.is_active()
+
+
+def raise_not_found(checkpoint_id: str) -> Any:
+    from ..engine.checkpoint import UnknownCheckpoint
+
+    raise UnknownCheckpoint(
+        f"unknown checkpoint id {checkpoint_id!r}: this server has no --state-dir"
+    )
+
+
+def _tensor_names(hub: LaneHub) -> list[str]:
+    names = {"input_ids", "padding_mask"}
+    for op in hub.plan.ops:
+        if op.op_name in ("pack_flat", "pack_sequences"):
+            names |= {"positions", "segment_ids"}
+    return sorted(names)
