@@ -98,25 +98,23 @@ class DataService(pb_grpc.DataServiceServicer):
         )
 
     def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.ResumeResponse:
+        kind = request.WhichOneof("source")
+        if kind is None:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "ResumeRequest needs checkpoint_id or state"
+            )
         try:
-            kind = request.WhichOneof("source")
             if kind == "checkpoint_id":
                 if self.hub.store is None:
                     raise_not_found(request.checkpoint_id)
                 assert self.hub.store is not None
                 state = self.hub.store.load(request.checkpoint_id)
                 source = request.checkpoint_id
-            elif kind == "state":
+            else:
                 state = ResumeState.decode(request.state)
                 source = "bytes"
-            else:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, "ResumeRequest needs checkpoint_id or state"
-                )
             positions = self.hub.resume(state, source=source)
-        except grpc.RpcError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - mapped to a status code
             abort(context, exc)
         log.info("resumed from %s at %s", source, positions)
         return pb.ResumeResponse(
@@ -171,6 +169,7 @@ class DataService(pb_grpc.DataServiceServicer):
         reader.start()
         self.metrics.stream_opened()
         sent = start
+        failure: BaseException | None = None
         try:
             for item in stream:
                 if isinstance(item, EndOfLane):
@@ -179,21 +178,22 @@ class DataService(pb_grpc.DataServiceServicer):
                 if not acked.wait_below(sent - self.window + 1, context, self.draining):
                     break
                 if acked.error is not None:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, acked.error)
+                    break
                 yield self.metrics.sent(batch_response(item), item)
                 sent = item.seq + 1
-            if self.draining.is_set():
-                context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining; reconnect later")
-        except grpc.RpcError:
-            raise
         except Exception as exc:
-            if self.draining.is_set():
-                context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining; reconnect later")
-            abort(context, exc)
+            failure = exc
         finally:
             acked.close()
             self.hub.close_consumer(lane, consumer)
             self.metrics.stream_closed()
+        # context.abort raises, so it is called outside the try block above.
+        if acked.error is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, acked.error)
+        if self.draining.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining; reconnect later")
+        if failure is not None:
+            abort(context, failure)
 
     def _read_acks(
         self,

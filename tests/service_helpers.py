@@ -1,0 +1,102 @@
+"""Running real servers for tests: ``zephon serve`` subprocesses on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import yaml
+
+from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
+
+
+def write_config(path: Path, corpus_dir: Path, *, lanes=4, chunk_size=16, k=2, seed=1234,
+                 extra_ops=(), batch=4, exhaustion="stop") -> Path:
+    """A YAML pipeline over the test corpus (pack + shuffle by default)."""
+    ops = [{"decode_text": {}}, {"tokenize": {"tokenizer": "byte"}}]
+    ops += list(extra_ops) or [{"pack_flat": {"max_length": 256}},
+                               {"shuffle": {"buffer_size": 8}}]
+    ops.append({"batch": {"microbatch_size": batch}})
+    cfg = {
+        "seed": seed, "lanes": lanes, "chunk_size": chunk_size, "flush_every_k_chunks": k,
+        "datasets": [
+            {"name": "web", "path": str(corpus_dir / "web"), "weight": 0.5,
+             "exhaustion": exhaustion},
+            {"name": "books", "path": str(corpus_dir / "books"), "weight": 0.3,
+             "exhaustion": exhaustion},
+            {"name": "code", "path": str(corpus_dir / "code"), "weight": 0.2,
+             "text_field": "content", "exhaustion": exhaustion},
+        ],
+        "pipeline": ops,
+        "execution": {"runner": "threads", "workers": 2},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class ServerProcess:
+    """A ``zephon serve`` subprocess; ``address`` is host:port once started."""
+
+    def __init__(self, args: list[str], workdir: Path, env: dict | None = None) -> None:
+        self.port_file = workdir / f"port-{time.monotonic_ns()}"
+        self.log_path = workdir / f"server-{time.monotonic_ns()}.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "zephon_server.cli", "serve", "--port", "0",
+               "--port-file", str(self.port_file), "--log-interval", "1", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir,
+                                     env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 120
+        while not self.port_file.exists() or not self.port_file.read_text().strip():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server did not start:\n{self.output()}")
+            time.sleep(0.05)
+        self.port = int(self.port_file.read_text())
+        self.address = f"127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stub(self) -> pb_grpc.DataServiceStub:
+        return pb_grpc.DataServiceStub(grpc.insecure_channel(self.address))
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self.log.close()
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+@contextlib.contextmanager
+def server(args: list[str], workdir: Path, env: dict | None = None) -> Iterator[ServerProcess]:
+    """A running server for the ``with`` block; checks it exits 0 on SIGTERM."""
+    proc = ServerProcess(args, workdir, env)
+    try:
+        yield proc
+    finally:
+        if proc.proc.poll() is None:
+            code = proc.terminate()
+            assert code == 0, f"server exit code {code}:\n{proc.output()[-3000:]}"
+
+
+def open_request(lane: int, start_seq: int = 0, consumer: str = "test"):
+    return pb.StreamBatchesRequest(open=pb.OpenLane(lane=lane, start_seq=start_seq,
+                                                    consumer=consumer))
