@@ -36,8 +36,9 @@ def main() -> None:
         # A real trainer would run forward/backward on batch.tensors here.
         if step == 1 or step % 10 == 0:
             rate = tokens / max(time.monotonic() - start, 1e-9)
-            log.info("step %d lane %d seq %d %s %.0f tokens/s", step, batch.lane, batch.seq,
-                     shapes, rate)
+            log.info(
+                "step %d lane %d seq %d %s %.0f tokens/s", step, batch.lane, batch.seq, shapes, rate
+            )
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             log.info("checkpoint at step %d: %s", step, client.checkpoint(tag=f"step-{step}"))
         if step >= args.steps:

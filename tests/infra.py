@@ -29,7 +29,7 @@ PROMETHEUS = "/usr/bin/prometheus"
 INSTALL_SCRIPT = REPO / "tools" / "install-system-deps.sh"
 BASE_IMAGE_FILE = REPO / ".ci" / "base-image"
 DEFAULT_BASE_IMAGE = "python:3.11-slim"
-CONTAINER_LABEL = "zephon-test=1"
+CONTAINER_LABEL = "zephon-test=1"  # on test images and containers
 
 _live: set[PrometheusHandle | ContainerHandle] = set()
 _built: dict[str, str] = {}
@@ -61,9 +61,9 @@ def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return
-        except OSError:
+        except OSError as err:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{host}:{port} not accepting connections after {timeout}s")
+                raise TimeoutError(f"{host}:{port} refused connections for {timeout}s") from err
             time.sleep(0.05)
 
 
@@ -246,13 +246,12 @@ def docker_available() -> bool:
     """True when a Docker daemon answers, after install-system-deps.sh set it up if it could.
 
     A failing install script raises (so CI fails loudly); a machine where the script has no
-    way to provide Docker just answers False.
+    way to provide Docker (no shared/tools/docker-env.sh, not root, ZEPHON_NO_DOCKER=1) just
+    answers False, or True when the machine has its own daemon.
     """
-    if _daemon_answers() and (BASE_IMAGE_FILE.exists() or os.geteuid() != 0):
-        return True
     if os.environ.get("ZEPHON_NO_DOCKER") == "1":
         return False
-    ensure_system_deps()
+    ensure_system_deps()  # also records the base image; well under a second once installed
     return _daemon_answers()
 
 
@@ -278,9 +277,13 @@ def build_image(tag: str = "zephon:test", timeout: float = 1800) -> str:
         str(REPO / "docker" / "Dockerfile"),
         "-t",
         tag,
+        "--label",
+        CONTAINER_LABEL,
         str(REPO),
         timeout=timeout,
     )
+    # Earlier builds of the tag left untagged images behind: drop those, not the build cache.
+    _docker("image", "prune", "-f", "--filter", f"label={CONTAINER_LABEL}", check=False)
     _built[tag] = tag
     return tag
 

@@ -64,7 +64,8 @@ class ServerProcess:
         self.address = f"127.0.0.1:{self.port}"
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stub(self) -> pb_grpc.DataServiceStub:
@@ -100,3 +101,56 @@ def server(args: list[str], workdir: Path, env: dict | None = None) -> Iterator[
 def open_request(lane: int, start_seq: int = 0, consumer: str = "test"):
     return pb.StreamBatchesRequest(open=pb.OpenLane(lane=lane, start_seq=start_seq,
                                                     consumer=consumer))
+
+
+def read_lane(stub, lane: int, start_seq: int = 0, count: int | None = None,
+              consumer: str = "reader", ack: bool = True) -> tuple[list, object]:
+    """Read ``count`` batches (or to the end) of a lane with a raw stub.
+
+    Returns ``(batches, end)`` where batches are ``pb.SampleBatch`` and ``end`` is the
+    ``EndOfStream`` message or None when stopped by ``count``.
+    """
+    import queue
+
+    requests: queue.Queue = queue.Queue()
+    requests.put(open_request(lane, start_seq, consumer))
+
+    def gen():
+        while True:
+            item = requests.get()
+            if item is None:
+                return
+            yield item
+
+    batches: list = []
+    end = None
+    call = stub.StreamBatches(gen(), timeout=120)
+    try:
+        for resp in call:
+            if resp.WhichOneof("kind") == "end":
+                end = resp.end
+                break
+            batches.append(resp.batch)
+            if ack:
+                requests.put(pb.StreamBatchesRequest(ack=pb.Ack(next_seq=resp.batch.seq + 1)))
+            if count is not None and len(batches) >= count:
+                break
+    finally:
+        requests.put(None)
+        call.cancel()
+    return batches, end
+
+
+def dump_digests(config: Path, batches: int, lanes: str | None = None) -> dict[int, list[str]]:
+    """``zephon dump --format digest`` as {lane: [chain hex]}."""
+    args = [sys.executable, "-m", "zephon_server.cli", "dump", "--config", str(config),
+            "--format", "digest", "--batches", str(batches), "--runner", "inline"]
+    if lanes:
+        args += ["--lanes", lanes]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)
+    out: dict[int, list[str]] = {}
+    for line in res.stdout.splitlines():
+        lane, seq, digest = line.split()
+        out.setdefault(int(lane), []).append(digest)
+        assert len(out[int(lane)]) == int(seq) + 1
+    return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from service_helpers import open_request, server, write_config
+
 from zephon_proto.v1 import data_service_pb2 as pb
 
 pytestmark = pytest.mark.service

@@ -114,7 +114,7 @@ class DataService(pb_grpc.DataServiceServicer):
                 state = ResumeState.decode(request.state)
                 source = "bytes"
             positions = self.hub.resume(state, source=source)
-        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+        except Exception as exc:
             abort(context, exc)
         log.info("resumed from %s at %s", source, positions)
         return pb.ResumeResponse(

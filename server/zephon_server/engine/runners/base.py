@@ -14,6 +14,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -134,7 +135,12 @@ class PooledRunner(StageRunner):
         out_q = self._queues[-1]
         try:
             while True:
-                item = out_q.get()
+                try:
+                    item = out_q.get(timeout=0.1)
+                except queue.Empty:
+                    if self._stop.is_set():
+                        return
+                    continue
                 if item is _END:
                     return
                 if type(item) is _Error:
@@ -155,9 +161,11 @@ class PooledRunner(StageRunner):
                     q.get_nowait()
             except queue.Empty:
                 pass
+        me = threading.current_thread()
+        deadline = time.monotonic() + 5
         for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(timeout=5)
+            if t is not me:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
         self.stop_pool()
 
     def _spawn(self, target: Callable[..., None], *args: Any, name: str) -> None:
@@ -174,9 +182,6 @@ class PooledRunner(StageRunner):
                 continue
         return False
 
-    def _get(self, q: queue.Queue[Any], timeout: float | None) -> Any:
-        return q.get(timeout=timeout)
-
     def _feed(self, upstream: Iterator[ItemList], q: queue.Queue[Any]) -> None:
         try:
             for items in upstream:
@@ -187,13 +192,14 @@ class PooledRunner(StageRunner):
             self._put(q, _Error(exc))
 
     def _drive(self, driver: StepDriver, q: queue.Queue[Any], rb: ReorderBuffer) -> None:
-        timeout = None if self.ordered else self.poll_interval
+        timeout = 0.1 if self.ordered else self.poll_interval
         try:
             while not self._stop.is_set():
                 try:
                     items = q.get(timeout=timeout)
                 except queue.Empty:
-                    self._dispatch(driver.poll(), rb)
+                    if not self.ordered:
+                        self._dispatch(driver.poll(), rb)
                     continue
                 if items is _END:
                     self._dispatch(driver.finish(), rb)

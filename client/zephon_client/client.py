@@ -1,0 +1,1048 @@
+"""The trainer-side client: stream a rank's lanes from Zephon servers as numpy batches.
+
+A :class:`DataClient` for ``(rank, world_size)`` asks every server for its ``GetInfo``, picks
+the rank's lanes with :func:`~zephon_client.mapping.lanes_for_rank` and opens one
+``StreamBatches`` call per lane, each read by a background thread that decodes (and verifies)
+the batches into a queue bounded by the server's send window. Iterating the client yields
+:class:`Batch` objects in strict round-robin over the rank's lanes in lane order; a lane that
+ends drops out of the rotation and iteration stops when every lane has ended.
+
+Consumption and positions
+    A yielded batch counts as *consumed* when the caller asks for the next one (or calls
+    :meth:`DataClient.mark_consumed`). Consuming a batch advances the lane's position
+    (``next_seq``) and chain digest and acknowledges it to the server (``Ack(seq + 1)``), which
+    lets the server send more (it sends at most its window beyond the last acknowledgement).
+
+Resuming
+    :meth:`DataClient.state_dict` holds every lane's position and chain digest;
+    :meth:`DataClient.load_state_dict` makes the next iteration open the lanes there and check
+    that the stream continues the saved chain. When the number of ranks changes between runs
+    (the lane count never does), save the state_dict of *every* rank and load their union
+    (:func:`merge_state_dicts`) into each new rank, or use a server checkpoint
+    (:meth:`DataClient.checkpoint` / :meth:`DataClient.resume`). Without a loaded state a
+    client starts each lane at the server's acknowledged position (0 on a fresh server).
+
+Rotation start
+    The rotation starts at the lane with the smallest position (lowest lane on ties) and then
+    cycles in lane order, so a client resumed from positions saved mid-cycle yields the same
+    sequence as the uninterrupted run.
+
+Reconnecting
+    When a call fails with ``UNAVAILABLE`` (or breaks mid-way with ``INTERNAL``/``CANCELLED``,
+    or ends without ``EndOfStream``), the client reopens the lane at its consumed position with
+    exponential backoff (0.1 s doubling to 2 s) for up to ``reconnect_timeout`` seconds; the
+    first batch after the gap must chain from the last consumed chain digest. Other status
+    codes raise :class:`~zephon_client.errors.ZephonClientError` with the server's message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
+
+from .errors import ZephonClientError
+from .mapping import lanes_for_rank
+from .wire import (
+    CHAIN_SEED,
+    ChainMismatch,
+    DecodedBatch,
+    content_digest,
+    decode_batch,
+)
+from .wire import verify as verify_batch
+
+logger = logging.getLogger(__name__)
+
+Batch = DecodedBatch
+"""A decoded lane batch: ``lane``, ``seq``, ``tensors`` (name → read-only numpy array),
+``rows`` (row sources), ``closed`` (closed documents), ``digest`` and ``chain_digest``."""
+
+STATE_VERSION = 1
+"""Version of the :meth:`DataClient.state_dict` format."""
+
+AUTH_TOKEN_ENV = "ZEPHON_AUTH_TOKEN"
+"""Environment variable holding the bearer token when ``auth_token`` is not given."""
+
+BACKOFF_INITIAL = 0.1
+BACKOFF_MAX = 2.0
+
+DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    # Detect a dead peer on an idle or stalled connection.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Reconnect the channel quickly after a server restart (our own backoff paces retries).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    # Batches of long sequences easily exceed the 4 MiB default.
+    ("grpc.max_receive_message_length", 1 << 30),
+)
+"""Channel options used unless ``channel_options`` is given (keepalive, fast reconnect, 1 GiB
+messages). A server must allow pings every 10 s (``grpc.keepalive_permit_without_calls=1``,
+``grpc.http2.min_ping_interval_without_data_ms <= 10000``) or it answers with GOAWAY."""
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS (and mutual TLS) settings of the client's channels.
+
+    Each certificate/key is PEM: ``bytes`` are the PEM contents, a ``str``/``Path`` a file to
+    read. ``root_certificates`` ``None`` uses the system roots; ``certificate_chain`` and
+    ``private_key`` (both or neither) present a client certificate for mTLS;
+    ``server_name_override`` checks the server's certificate against that name instead of the
+    address's host (for tests and IP addresses).
+    """
+
+    root_certificates: bytes | str | Path | None = None
+    certificate_chain: bytes | str | Path | None = None
+    private_key: bytes | str | Path | None = None
+    server_name_override: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The ``grpc.ssl_channel_credentials`` these settings describe."""
+        if (self.certificate_chain is None) != (self.private_key is None):
+            raise ValueError("TLSConfig: certificate_chain and private_key go together (mTLS)")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_pem(self.root_certificates),
+            private_key=_pem(self.private_key),
+            certificate_chain=_pem(self.certificate_chain),
+        )
+
+    def options(self) -> list[tuple[str, Any]]:
+        """Channel options the settings need (the target name override)."""
+        if self.server_name_override:
+            return [("grpc.ssl_target_name_override", self.server_name_override)]
+        return []
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A server checkpoint: its ``id`` in the server's state directory, its ``state`` bytes
+    (usable with :meth:`DataClient.resume` on any server of the pipeline), the ``positions``
+    (lane → next_seq) it holds for every lane, and the ``address`` of the server that wrote it.
+    """
+
+    id: str
+    state: bytes
+    positions: dict[int, int]
+    address: str = ""
+
+
+def make_channel(
+    address: str,
+    *,
+    tls: TLSConfig | None = None,
+    options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
+) -> grpc.Channel:
+    """A channel to ``address`` (``host:port``): insecure, or TLS/mTLS with ``tls``."""
+    opts = list(options)
+    if tls is None:
+        return grpc.insecure_channel(address, options=opts)
+    return grpc.secure_channel(address, tls.credentials(), options=opts + tls.options())
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying ``token`` (``authorization: Bearer <token>``); empty without one.
+
+    ``None`` reads the ``ZEPHON_AUTH_TOKEN`` environment variable.
+    """
+    if token is None:
+        token = os.environ.get(AUTH_TOKEN_ENV) or None
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def merge_state_dicts(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The union of several ranks' :meth:`DataClient.state_dict` results.
+
+    Use it to resume with a different number of ranks: save every old rank's state_dict,
+    merge them, and load the merged dict into every new rank (each picks its own lanes).
+    All must share the version and fingerprint; a lane present in several with different
+    positions or chains raises :class:`ValueError` (tensor/pipeline-parallel peers that read
+    the same lanes agree).
+    """
+    merged: dict[str, Any] = {"version": STATE_VERSION, "fingerprint": None}
+    positions: dict[int, int] = {}
+    chains: dict[int, str] = {}
+    count = 0
+    for state in states:
+        count += 1
+        version, fingerprint, pos, ch = _parse_state(state)
+        if merged["fingerprint"] is None:
+            merged["fingerprint"] = fingerprint
+        elif fingerprint is not None and fingerprint != merged["fingerprint"]:
+            raise ValueError(
+                f"state_dicts of different pipelines: fingerprint {merged['fingerprint']} "
+                f"and {fingerprint}"
+            )
+        for lane, next_seq in pos.items():
+            if positions.setdefault(lane, next_seq) != next_seq:
+                raise ValueError(
+                    f"lane {lane}: state_dicts disagree on its position "
+                    f"({positions[lane]} vs {next_seq})"
+                )
+        for lane, chain in ch.items():
+            if chains.setdefault(lane, chain.hex()) != chain.hex():
+                raise ValueError(f"lane {lane}: state_dicts disagree on its chain digest")
+    if not count:
+        raise ValueError("merge_state_dicts needs at least one state_dict")
+    merged["positions"] = dict(sorted(positions.items()))
+    merged["chains"] = dict(sorted(chains.items()))
+    return merged
+
+
+# --------------------------------------------------------------------------------------------
+# One StreamBatches call
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Item:
+    """What a lane's reader thread hands to the consumer."""
+
+    kind: str  # "batch" | "end" | "error" | "closed" (call ended without EndOfStream)
+    batch: Batch | None = None
+    end: pb.EndOfStream | None = None
+    error: BaseException | None = None
+
+
+class _Cancelled(Exception):
+    """Put in a lane's queue when the client cancels the call."""
+
+
+class LaneStream:
+    """One ``StreamBatches`` call reading ``lane`` from ``start_seq`` (internal building block).
+
+    A daemon thread reads the responses, checks their seqs, decodes them and (when
+    ``verify``) checks their digests against ``previous_chain`` (``None``: unknown, so only
+    the content digest is checked and the first batch's chain becomes the base), and puts
+    :class:`_Item` objects in a queue that the server's window bounds. :meth:`ack` sends an
+    ``Ack``; :meth:`close` cancels the call and joins the thread.
+    """
+
+    def __init__(
+        self,
+        stub: pb_grpc.DataServiceStub,
+        *,
+        address: str,
+        lane: int,
+        start_seq: int,
+        consumer: str,
+        previous_chain: bytes | None,
+        verify: bool,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self.address = address
+        self.lane = lane
+        self.start_seq = start_seq
+        self.received = 0
+        self._verify = verify
+        self._previous_chain = previous_chain
+        self._requests: queue.SimpleQueue[pb.StreamBatchesRequest | None] = queue.SimpleQueue()
+        self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._cancelled = threading.Event()
+        self._requests.put(
+            pb.StreamBatchesRequest(
+                open=pb.OpenLane(lane=lane, start_seq=start_seq, consumer=consumer)
+            )
+        )
+        self._call = stub.StreamBatches(self._request_iterator(), metadata=tuple(metadata))
+        self._thread = threading.Thread(
+            target=self._read, name=f"zephon-lane-{lane}", daemon=True
+        )
+        self._thread.start()
+
+    def get(self, timeout: float | None = None) -> _Item:
+        """The next item (blocks; raises ``queue.Empty`` after ``timeout``)."""
+        return self._items.get(timeout=timeout)
+
+    def ack(self, next_seq: int) -> None:
+        """Acknowledge every batch with seq < ``next_seq`` (no-op once the call is over)."""
+        if not self._done.is_set():
+            self._requests.put(pb.StreamBatchesRequest(ack=pb.Ack(next_seq=next_seq)))
+
+    def cancel(self) -> None:
+        """Cancel the call without waiting (idempotent)."""
+        if self._cancelled.is_set():
+            return
+        self._cancelled.set()
+        self._call.cancel()
+        self._requests.put(None)
+        self._items.put(_Item("error", error=_Cancelled()))
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Cancel the call and join the reader thread (up to ``timeout`` seconds)."""
+        self.cancel()
+        self.join(timeout)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the reader thread to finish."""
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _request_iterator(self) -> Iterator[pb.StreamBatchesRequest]:
+        while True:
+            request = self._requests.get()
+            if request is None:
+                return
+            yield request
+
+    def _read(self) -> None:
+        expected = self.start_seq
+        chain = self._previous_chain
+        ended = False
+        try:
+            for response in self._call:
+                kind = response.WhichOneof("kind")
+                if kind == "batch" and not ended:
+                    msg = response.batch
+                    if msg.lane != self.lane or msg.seq != expected:
+                        raise ZephonClientError(
+                            None,
+                            f"protocol error: expected lane {self.lane} seq {expected}, "
+                            f"received lane {msg.lane} seq {msg.seq}",
+                            lane=self.lane,
+                            address=self.address,
+                        )
+                    batch = decode_batch(msg)
+                    if self._verify:
+                        if chain is None:
+                            content = content_digest(batch.tensors)
+                            if content != batch.digest:
+                                raise ChainMismatch(
+                                    batch.lane, batch.seq, "content digest", content, batch.digest
+                                )
+                        else:
+                            verify_batch(batch, chain)
+                    chain = batch.chain_digest
+                    expected += 1
+                    self.received += 1
+                    self._items.put(_Item("batch", batch=batch))
+                elif kind == "end" and not ended:
+                    end = response.end
+                    if end.next_seq != expected:
+                        raise ZephonClientError(
+                            None,
+                            f"protocol error: EndOfStream at next_seq {end.next_seq}, "
+                            f"expected {expected}",
+                            lane=self.lane,
+                            address=self.address,
+                        )
+                    if self._verify and chain is not None and end.chain_digest != chain:
+                        raise ChainMismatch(
+                            self.lane,
+                            end.next_seq,
+                            "end-of-stream chain digest",
+                            chain,
+                            end.chain_digest,
+                        )
+                    ended = True
+                    self._items.put(_Item("end", end=end))
+                elif ended:
+                    pass  # nothing may follow EndOfStream; the lane already left the rotation
+                else:
+                    raise ZephonClientError(
+                        None,
+                        "protocol error: empty StreamBatchesResponse",
+                        lane=self.lane,
+                        address=self.address,
+                    )
+            if not ended:
+                self._items.put(_Item("closed"))
+        except grpc.RpcError as error:
+            if not ended:
+                self._items.put(_Item("error", error=error))
+        except Exception as error:  # decode/verify/protocol errors reach the consumer in order
+            self._items.put(_Item("error", error=error))
+            self._call.cancel()
+        finally:
+            self._done.set()
+            self._requests.put(None)
+
+
+# --------------------------------------------------------------------------------------------
+# DataClient
+# --------------------------------------------------------------------------------------------
+
+
+class _Endpoint:
+    """One server: its address, channel, stub and GetInfo answer."""
+
+    def __init__(self, address: str, channel: grpc.Channel) -> None:
+        self.address = address
+        self.channel = channel
+        self.stub = pb_grpc.DataServiceStub(channel)
+        self.info = pb.GetInfoResponse()
+
+    def serves(self, lane: int) -> bool:
+        return not self.info.served_lanes or lane in self.info.served_lanes
+
+
+@dataclass(eq=False)
+class _Run:
+    """The state of one iteration (one call of :meth:`DataClient.batches`)."""
+
+    epoch: int = -1
+    order: list[int] = field(default_factory=list)
+    index: int = 0
+    streams: dict[int, LaneStream] = field(default_factory=dict)
+    superseded: bool = False
+
+    def cancel(self) -> None:
+        for stream in list(self.streams.values()):
+            stream.cancel()
+
+    def close(self, timeout: float = 1.0) -> None:
+        streams = list(self.streams.values())
+        self.streams.clear()
+        for stream in streams:
+            stream.cancel()
+        deadline = time.monotonic() + timeout
+        for stream in streams:
+            stream.join(max(0.0, deadline - time.monotonic()))
+
+
+@dataclass(slots=True)
+class _Pending:
+    """The batch yielded last, consumed when the caller asks for the next one."""
+
+    epoch: int
+    batch: Batch
+    stream: LaneStream
+
+
+class DataClient:
+    """Streams one trainer rank's lanes from one or several Zephon servers.
+
+    ``address`` is ``host:port`` or a sequence of them: with several, every server is asked
+    for its ``GetInfo``; they must share the pipeline fingerprint and lane count, and each
+    lane is read from the first server that serves it (lane-sharded servers). The rank's
+    lanes come from :func:`~zephon_client.mapping.lanes_for_rank` with ``rank``,
+    ``world_size``, ``data_parallel_size`` (default ``world_size``) and ``interleaved``.
+
+    ``consumer`` names this reader to the server (default ``"rank<rank>"``); peers that read
+    the same lanes must use distinct names. ``verify`` checks every batch's content and chain
+    digests (:class:`~zephon_client.wire.ChainMismatch` on a mismatch). ``auth_token``
+    (default: ``$ZEPHON_AUTH_TOKEN``) is sent as ``authorization: Bearer <token>``; ``tls``
+    makes the channels TLS/mTLS. ``reconnect_timeout`` bounds how long ``UNAVAILABLE`` is
+    retried (streams and unary calls); ``rpc_timeout`` is the deadline of unary calls.
+
+    Iterate it (``for batch in client``) to get :class:`Batch` objects; see the module
+    documentation for consumption, positions, resuming and reconnecting. Construction calls
+    ``GetInfo`` (raising :class:`~zephon_client.errors.ZephonClientError` if a server cannot be
+    reached within ``reconnect_timeout``). Use it as a context manager or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        data_parallel_size: int | None = None,
+        interleaved: bool = False,
+        consumer: str | None = None,
+        verify: bool = True,
+        auth_token: str | None = None,
+        tls: TLSConfig | None = None,
+        reconnect_timeout: float = 60.0,
+        rpc_timeout: float | None = 300.0,
+        channel_options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
+    ) -> None:
+        addresses = [address] if isinstance(address, str) else list(address)
+        if not addresses:
+            raise ValueError("DataClient needs at least one server address")
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"duplicate server addresses in {addresses}")
+        self.rank = rank
+        self.world_size = world_size
+        self.consumer = consumer if consumer is not None else f"rank{rank}"
+        self.verify = verify
+        self.reconnect_timeout = float(reconnect_timeout)
+        self.rpc_timeout = rpc_timeout
+        self._metadata = auth_metadata(auth_token)
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._epoch = 0
+        self._run: _Run | None = None
+        self._pending: _Pending | None = None
+        self._endpoints = [
+            _Endpoint(a, make_channel(a, tls=tls, options=channel_options)) for a in addresses
+        ]
+        try:
+            for endpoint in self._endpoints:
+                endpoint.info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
+            self._check_servers()
+            info = self._endpoints[0].info
+            self._num_lanes = int(info.num_lanes)
+            self._fingerprint = info.fingerprint
+            self._lanes = lanes_for_rank(
+                rank,
+                world_size,
+                self._num_lanes,
+                data_parallel_size=data_parallel_size,
+                interleaved=interleaved,
+            )
+            self._routes = {lane: self._route(lane) for lane in self._lanes}
+        except BaseException:
+            for endpoint in self._endpoints:
+                endpoint.channel.close()
+            raise
+        self._positions: dict[int, int] = {}
+        self._chains: dict[int, bytes | None] = {}
+        for lane in self._lanes:
+            acknowledged = {p.lane: p.next_seq for p in self._routes[lane].info.acknowledged}
+            self._set_position(lane, int(acknowledged.get(lane, 0)), None)
+        logger.info(
+            "zephon client %s (rank %d of %d): lanes %s of %d from %s, positions %s",
+            self.consumer,
+            rank,
+            world_size,
+            self._lanes,
+            self._num_lanes,
+            ", ".join(addresses),
+            self._positions,
+        )
+
+    # -- description ---------------------------------------------------------------------------
+
+    @property
+    def lanes(self) -> list[int]:
+        """This rank's lanes, ascending."""
+        return list(self._lanes)
+
+    @property
+    def num_lanes(self) -> int:
+        """The pipeline's lane count ``L``."""
+        return self._num_lanes
+
+    @property
+    def fingerprint(self) -> str:
+        """The pipeline fingerprint every server reported."""
+        return self._fingerprint
+
+    @property
+    def addresses(self) -> list[str]:
+        """The server addresses, as given."""
+        return [e.address for e in self._endpoints]
+
+    @property
+    def routes(self) -> dict[int, str]:
+        """Lane → address of the server it is read from, for this rank's lanes."""
+        return {lane: endpoint.address for lane, endpoint in self._routes.items()}
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Lane → next_seq (every batch with a smaller seq consumed), for this rank's lanes."""
+        with self._lock:
+            return dict(self._positions)
+
+    def get_info(self, address: str | None = None) -> pb.GetInfoResponse:
+        """A fresh ``GetInfo`` answer of the server at ``address`` (default: the first)."""
+        return self._unary(self._endpoint(address), "GetInfo", pb.GetInfoRequest())
+
+    def __repr__(self) -> str:
+        return (
+            f"DataClient(rank={self.rank}, world_size={self.world_size}, lanes={self._lanes}, "
+            f"addresses={self.addresses})"
+        )
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's resume state as a plain dict.
+
+        ``{"version": 1, "fingerprint": str, "positions": {lane: next_seq},
+        "chains": {lane: chain digest hex}}`` (a lane's chain is missing when unknown, right
+        after a server-side resume). The batch yielded last is included only once consumed
+        (the next batch was asked for, or :meth:`mark_consumed` was called).
+        """
+        with self._lock:
+            return {
+                "version": STATE_VERSION,
+                "fingerprint": self._fingerprint,
+                "positions": dict(self._positions),
+                "chains": {
+                    lane: chain.hex() for lane, chain in self._chains.items() if chain is not None
+                },
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (a :meth:`state_dict`, possibly JSON round-tripped).
+
+        ``state`` must hold a position for each of this rank's lanes; extra lanes are ignored,
+        so loading the union of every old rank's state (:func:`merge_state_dicts`) resumes
+        with a different number of ranks. The next batch of each lane must chain from the
+        saved chain digest. A state of another pipeline (different fingerprint) raises
+        :class:`~zephon_client.errors.ZephonClientError` (``FAILED_PRECONDITION``). An
+        iteration in progress restarts from the loaded positions.
+        """
+        _version, fingerprint, positions, chains = _parse_state(state)
+        if fingerprint is not None and fingerprint != self._fingerprint:
+            raise ZephonClientError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"state_dict is from another pipeline: its fingerprint is {fingerprint}, "
+                f"the server's is {self._fingerprint}",
+            )
+        missing = [lane for lane in self._lanes if lane not in positions]
+        if missing:
+            raise ValueError(
+                f"state_dict has no position for lanes {missing} of rank {self.rank} (it holds "
+                f"lanes {sorted(positions)}); when the number of ranks changes, load the union "
+                "of every old rank's state_dict (merge_state_dicts) or resume a server "
+                "checkpoint"
+            )
+        with self._lock:
+            for lane in self._lanes:
+                self._set_position(lane, positions[lane], chains.get(lane))
+            self._restart_iteration()
+
+    def mark_consumed(self) -> None:
+        """Count the batch yielded last as consumed now (idempotent).
+
+        Normally a batch is consumed when the next one is asked for; call this after training
+        on a batch and before :meth:`state_dict` (or :meth:`checkpoint`) when saving inside
+        the loop, so the saved state does not deliver that batch again.
+        """
+        self._consume_pending()
+
+    # -- server checkpoints ------------------------------------------------------------------------
+
+    def checkpoint(
+        self,
+        tag: str = "",
+        positions: Mapping[int, int] | None = None,
+        *,
+        address: str | None = None,
+    ) -> CheckpointInfo:
+        """Ask the server to persist a checkpoint; returns its id, bytes and positions.
+
+        ``positions`` (lane → next_seq) defaults to this client's consumed positions; lanes not
+        given take the server's acknowledged positions. With several servers, ``address``
+        picks one; without it the positions' lanes must all be served by one server.
+        """
+        if positions is None:
+            with self._lock:
+                wanted = dict(self._positions)
+            endpoint = self._checkpoint_endpoint(wanted, address)
+            wanted = {lane: seq for lane, seq in wanted.items() if endpoint.serves(lane)}
+        else:
+            wanted = {int(lane): int(seq) for lane, seq in positions.items()}
+            endpoint = self._checkpoint_endpoint(wanted, address)
+        request = pb.CheckpointRequest(
+            positions=[pb.LanePosition(lane=lane, next_seq=seq) for lane, seq in sorted(wanted.items())],
+            tag=tag,
+        )
+        response = self._unary(endpoint, "Checkpoint", request)
+        info = CheckpointInfo(
+            id=response.checkpoint_id,
+            state=response.state,
+            positions={p.lane: p.next_seq for p in response.positions},
+            address=endpoint.address,
+        )
+        logger.info("checkpoint %s on %s at %s", info.id, endpoint.address, info.positions)
+        return info
+
+    def resume(
+        self,
+        checkpoint_id: str | None = None,
+        state: bytes | None = None,
+        *,
+        address: str | None = None,
+    ) -> dict[int, int]:
+        """Reset the server(s) to a checkpoint (by id or bytes) and continue from it.
+
+        Calls ``Resume`` on ``address``, or on every server this rank reads from, checks the
+        fingerprint, and sets this rank's positions to the checkpoint's; the chain digests are
+        unknown after a server resume, so the next batch of each lane becomes the new chain
+        base (its seq and content digest are still checked). An iteration in progress
+        restarts. Returns the positions of every lane. ``Resume`` resets the whole server:
+        with many ranks call it from one, then have the others :meth:`load_state_dict` the
+        returned positions (or construct their clients afterwards).
+        """
+        if (checkpoint_id is None) == (state is None):
+            raise ValueError("resume() takes exactly one of checkpoint_id or state")
+        if checkpoint_id is not None:
+            request = pb.ResumeRequest(checkpoint_id=checkpoint_id)
+        else:
+            request = pb.ResumeRequest(state=state)
+        if address is not None:
+            endpoints = [self._endpoint(address)]
+        else:
+            endpoints = list(dict.fromkeys(self._routes[lane] for lane in self._lanes))
+        per_server: dict[str, dict[int, int]] = {}
+        merged: dict[int, int] = {}
+        for endpoint in endpoints:
+            response = self._unary(endpoint, "Resume", request)
+            if response.fingerprint and response.fingerprint != self._fingerprint:
+                raise ZephonClientError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"resumed pipeline fingerprint {response.fingerprint} differs from "
+                    f"{self._fingerprint}",
+                    address=endpoint.address,
+                )
+            positions = {p.lane: p.next_seq for p in response.positions}
+            per_server[endpoint.address] = positions
+            for lane, seq in positions.items():
+                merged.setdefault(lane, seq)
+        with self._lock:
+            for lane in self._lanes:
+                source = per_server.get(self._routes[lane].address, merged)
+                seq = source.get(lane, merged.get(lane))
+                if seq is None:
+                    raise ZephonClientError(
+                        None, f"Resume answer has no position for lane {lane}", lane=lane
+                    )
+                self._set_position(lane, int(seq), None)
+            self._restart_iteration()
+        logger.info("resumed %s: positions %s", checkpoint_id or "from state bytes", merged)
+        return merged
+
+    # -- iteration -------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.batches()
+
+    def batches(self) -> Iterator[Batch]:
+        """Yield this rank's batches in strict round-robin over its lanes until all end.
+
+        Starting a new iteration supersedes one in progress (which then raises). Breaking out
+        leaves the batch yielded last unconsumed (it is delivered again) unless
+        :meth:`mark_consumed` was called.
+        """
+        if self._closed.is_set():
+            raise ZephonClientError(None, "the client is closed")
+        run = _Run()
+        with self._lock:
+            previous = self._run
+            if previous is not None:
+                previous.superseded = True
+                previous.cancel()
+            self._run = run
+            self._pending = None
+        return self._iterate(run)
+
+    def _iterate(self, run: _Run) -> Iterator[Batch]:
+        try:
+            while True:
+                self._consume_pending()
+                with self._lock:
+                    if self._closed.is_set():
+                        return
+                    if run.superseded:
+                        raise ZephonClientError(
+                            None, "this iteration was superseded by a newer one on this client"
+                        )
+                    if run.epoch != self._epoch:
+                        self._start(run)
+                if not run.order:
+                    return
+                lane = run.order[run.index]
+                item = self._next_item(run, lane)
+                if item is None:
+                    continue  # closed, superseded or restarted: the loop head decides
+                if item.kind == "end":
+                    logger.info("lane %d ended at seq %d", lane, item.end.next_seq if item.end else -1)
+                    with self._lock:
+                        run.order.pop(run.index)
+                        stream = run.streams.pop(lane, None)
+                        if run.order:
+                            run.index %= len(run.order)
+                    if stream is not None:
+                        stream.close()
+                    continue
+                assert item.batch is not None
+                with self._lock:
+                    if run.epoch != self._epoch or run.superseded or self._closed.is_set():
+                        continue
+                    self._pending = _Pending(run.epoch, item.batch, run.streams[lane])
+                    run.index = (run.index + 1) % len(run.order)
+                yield item.batch
+        finally:
+            with self._lock:
+                if self._run is run:
+                    self._run = None
+            run.close()
+
+    def _start(self, run: _Run) -> None:
+        """(Re)open every lane of this rank at its position (under the lock)."""
+        run.close()
+        run.epoch = self._epoch
+        lanes = sorted(self._lanes)
+        first = min(lanes, key=lambda lane: (self._positions[lane], lane))
+        start = lanes.index(first)
+        run.order = lanes[start:] + lanes[:start]
+        run.index = 0
+        for lane in run.order:
+            run.streams[lane] = self._open(lane)
+
+    def _open(self, lane: int) -> LaneStream:
+        endpoint = self._routes[lane]
+        logger.debug(
+            "lane %d: opening at seq %d on %s", lane, self._positions[lane], endpoint.address
+        )
+        return LaneStream(
+            endpoint.stub,
+            address=endpoint.address,
+            lane=lane,
+            start_seq=self._positions[lane],
+            consumer=self.consumer,
+            previous_chain=self._chains[lane],
+            verify=self.verify,
+            metadata=self._metadata,
+        )
+
+    def _next_item(self, run: _Run, lane: int) -> _Item | None:
+        """The lane's next batch or end, reconnecting as needed; ``None`` to re-check state."""
+        deadline: float | None = None
+        delay = BACKOFF_INITIAL
+        while True:
+            stream = run.streams.get(lane)
+            if stream is None:
+                return None
+            item = stream.get()
+            with self._lock:
+                if self._closed.is_set() or run.superseded or run.epoch != self._epoch:
+                    return None
+            if item.kind in ("batch", "end"):
+                if deadline is not None:
+                    logger.info("lane %d: reconnected to %s", lane, stream.address)
+                return item
+            code, details = _describe(item)
+            if not _retryable(item, stream):
+                if isinstance(item.error, grpc.RpcError):
+                    raise ZephonClientError.from_rpc_error(
+                        item.error, lane=lane, address=stream.address
+                    ) from None
+                if item.error is not None:
+                    raise item.error
+                raise ZephonClientError(code, details, lane=lane, address=stream.address)
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.reconnect_timeout
+            remaining = deadline - now
+            if remaining <= 0:
+                raise ZephonClientError(
+                    code,
+                    f"{details} (gave up reconnecting after {self.reconnect_timeout:g} s)",
+                    lane=lane,
+                    address=stream.address,
+                )
+            logger.warning(
+                "lane %d: stream from %s broke (%s: %s); reopening at seq %d in %.1f s",
+                lane,
+                stream.address,
+                code.name if code is not None else "closed",
+                details,
+                self._positions[lane],
+                min(delay, remaining),
+            )
+            stream.close()
+            if self._closed.wait(min(delay, remaining)):
+                return None
+            delay = min(delay * 2, BACKOFF_MAX)
+            with self._lock:
+                if run.superseded or run.epoch != self._epoch:
+                    return None
+                run.streams[lane] = self._open(lane)
+
+    def _consume_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is None or pending.epoch != self._epoch:
+                return
+            batch = pending.batch
+            self._positions[batch.lane] = batch.seq + 1
+            self._chains[batch.lane] = batch.chain_digest
+        pending.stream.ack(batch.seq + 1)
+
+    def _restart_iteration(self) -> None:
+        """Positions changed: drop the pending batch and make an iteration reopen (locked)."""
+        self._epoch += 1
+        self._pending = None
+        if self._run is not None:
+            self._run.cancel()
+
+    def _set_position(self, lane: int, next_seq: int, chain: bytes | None) -> None:
+        if next_seq < 0:
+            raise ValueError(f"lane {lane}: position must be >= 0, got {next_seq}")
+        self._positions[lane] = next_seq
+        self._chains[lane] = chain if chain is not None else (CHAIN_SEED if next_seq == 0 else None)
+
+    # -- servers ---------------------------------------------------------------------------------
+
+    def _unary(self, endpoint: _Endpoint, method: str, request: Any) -> Any:
+        """Call a unary RPC, retrying ``UNAVAILABLE`` with backoff for ``reconnect_timeout``."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = BACKOFF_INITIAL
+        while True:
+            try:
+                return getattr(endpoint.stub, method)(
+                    request, timeout=self.rpc_timeout, metadata=self._metadata
+                )
+            except grpc.RpcError as error:
+                code = error.code() if callable(getattr(error, "code", None)) else None  # type: ignore[attr-defined]
+                remaining = deadline - time.monotonic()
+                if code != grpc.StatusCode.UNAVAILABLE or remaining <= 0 or self._closed.is_set():
+                    err = ZephonClientError.from_rpc_error(error, address=endpoint.address)
+                    if code == grpc.StatusCode.UNAVAILABLE:
+                        err = ZephonClientError(
+                            code,
+                            f"{err.message} ({method}; gave up after "
+                            f"{self.reconnect_timeout:g} s)",
+                            address=endpoint.address,
+                        )
+                    raise err from None
+                logger.warning(
+                    "%s on %s: UNAVAILABLE; retrying in %.1f s", method, endpoint.address, delay
+                )
+                if self._closed.wait(min(delay, remaining)):
+                    raise ZephonClientError(None, "the client is closed") from None
+                delay = min(delay * 2, BACKOFF_MAX)
+
+    def _check_servers(self) -> None:
+        first = self._endpoints[0]
+        for other in self._endpoints[1:]:
+            if other.info.fingerprint != first.info.fingerprint:
+                raise ZephonClientError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "servers serve different pipelines: "
+                    + ", ".join(f"{e.address} has fingerprint {e.info.fingerprint}" for e in self._endpoints),
+                )
+            if other.info.num_lanes != first.info.num_lanes:
+                raise ZephonClientError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "servers disagree on the lane count: "
+                    + ", ".join(f"{e.address} has {e.info.num_lanes}" for e in self._endpoints),
+                )
+
+    def _route(self, lane: int) -> _Endpoint:
+        for endpoint in self._endpoints:
+            if endpoint.serves(lane):
+                return endpoint
+        served = "; ".join(
+            f"{e.address} serves {list(e.info.served_lanes)}" for e in self._endpoints
+        )
+        raise ZephonClientError(
+            None, f"lane {lane} of rank {self.rank} is served by none of the servers ({served})"
+        )
+
+    def _endpoint(self, address: str | None) -> _Endpoint:
+        if address is None:
+            return self._endpoints[0]
+        for endpoint in self._endpoints:
+            if endpoint.address == address:
+                return endpoint
+        raise ValueError(f"unknown server address {address!r}; this client uses {self.addresses}")
+
+    def _checkpoint_endpoint(self, positions: Mapping[int, int], address: str | None) -> _Endpoint:
+        if address is not None or len(self._endpoints) == 1:
+            return self._endpoint(address)
+        chosen = {
+            (self._routes[lane] if lane in self._routes else self._route(lane)).address
+            for lane in positions
+        }
+        if len(chosen) > 1:
+            raise ZephonClientError(
+                None,
+                f"the checkpoint positions span several servers ({sorted(chosen)}); pass "
+                "address= to checkpoint each server",
+            )
+        return self._endpoint(chosen.pop() if chosen else None)
+
+    # -- shutdown --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel the streams, join their threads (within about a second) and close channels.
+
+        Idempotent. An iteration in progress ends (its next step stops).
+        """
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._lock:
+            run = self._run
+            if run is not None:
+                run.cancel()
+        if run is not None:
+            run.close(timeout=0.8)
+        for endpoint in self._endpoints:
+            endpoint.channel.close()
+        logger.debug("zephon client %s closed", self.consumer)
+
+    def __enter__(self) -> DataClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _retryable(item: _Item, stream: LaneStream) -> bool:
+    if item.kind == "closed":
+        return True
+    error = item.error
+    if not isinstance(error, grpc.RpcError):
+        return False
+    code = error.code() if callable(getattr(error, "code", None)) else None  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    return stream.received > 0 and code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED)
+
+
+def _describe(item: _Item) -> tuple[grpc.StatusCode | None, str]:
+    if item.kind == "closed":
+        return grpc.StatusCode.UNAVAILABLE, "the server ended the call without EndOfStream"
+    error = item.error
+    if isinstance(error, grpc.RpcError):
+        code = error.code() if callable(getattr(error, "code", None)) else None  # type: ignore[attr-defined]
+        details = error.details() if callable(getattr(error, "details", None)) else None  # type: ignore[attr-defined]
+        return code, details or str(error)
+    return None, str(error)
+
+
+def _parse_state(
+    state: Mapping[str, Any],
+) -> tuple[int, str | None, dict[int, int], dict[int, bytes]]:
+    """Validate a state_dict; lane keys may be strings (after a JSON round trip)."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"a state_dict is a mapping, got {type(state).__name__}")
+    version = state.get("version")
+    if version != STATE_VERSION:
+        raise ValueError(
+            f"unsupported state_dict version {version!r} (this client reads {STATE_VERSION})"
+        )
+    fingerprint = state.get("fingerprint")
+    try:
+        positions = {int(k): int(v) for k, v in dict(state.get("positions") or {}).items()}
+        chains = {int(k): bytes.fromhex(v) for k, v in dict(state.get("chains") or {}).items()}
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"malformed state_dict: {error}") from None
+    for lane, chain in chains.items():
+        if len(chain) != len(CHAIN_SEED):
+            raise ValueError(f"malformed state_dict: lane {lane} chain is not 32 bytes")
+    return int(version), fingerprint, positions, chains
+
+
+def _pem(value: bytes | str | Path | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return Path(value).read_bytes()

@@ -1,0 +1,225 @@
+"""``zephon tail``: print a lane's batches as a server streams them.
+
+Each batch prints a header ``lane L seq S`` with its row count and tensor shapes, then (when
+``decode``) one line per row with its tokens decoded: with the server's built-in ``byte``
+tokenizer ids below 256 are UTF-8 bytes and other ids print as ``<id>``; with a
+``tokenizer.json`` path that exists here and the ``tokenizers`` package installed, the
+Hugging Face tokenizer decodes them; otherwise the ids are printed. Padding is skipped using
+``padding_mask`` (True on tokens) or ``segment_ids`` (0 on padding) when the batch has them.
+
+The reader registers as consumer ``tail-<pid>`` and acknowledges only what it printed.
+Run it as ``python -m zephon_client.tail ADDRESS LANE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import grpc
+import numpy as np
+
+from zephon_proto.v1 import data_service_pb2 as pb
+
+from .client import LaneStream, TLSConfig, auth_metadata, make_channel
+from .errors import ZephonClientError
+from .wire import DecodedBatch
+
+BYTE_TOKENIZER = "byte"
+
+
+def tail(
+    address: str,
+    lane: int,
+    count: int | None = 10,
+    *,
+    start_seq: int = 0,
+    decode: bool = True,
+    out: TextIO | None = None,
+    auth_token: str | None = None,
+    tls: TLSConfig | None = None,
+    verify: bool = True,
+    max_chars: int | None = None,
+    timeout: float | None = None,
+) -> int:
+    """Print ``count`` batches of ``lane`` from ``start_seq`` (all until the end if ``None``).
+
+    Returns the number of batches printed. ``max_chars`` truncates each decoded row;
+    ``timeout`` bounds the wait for each batch (seconds). Raises
+    :class:`~zephon_client.errors.ZephonClientError` with the server's message when the call
+    fails (e.g. ``OUT_OF_RANGE`` naming the reachable seqs).
+    """
+    out = sys.stdout if out is None else out
+    metadata = auth_metadata(auth_token)
+    channel = make_channel(address, tls=tls)
+    stream: LaneStream | None = None
+    printed = 0
+    try:
+        from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
+
+        stub = pb_grpc.DataServiceStub(channel)
+        try:
+            info = stub.GetInfo(pb.GetInfoRequest(), timeout=timeout or 30.0, metadata=metadata)
+        except grpc.RpcError as error:
+            raise ZephonClientError.from_rpc_error(error, address=address) from None
+        detokenize = _detokenizer(info.tokenizer) if decode else None
+        stream = LaneStream(
+            stub,
+            address=address,
+            lane=lane,
+            start_seq=start_seq,
+            consumer=f"tail-{os.getpid()}",
+            previous_chain=None,
+            verify=verify,
+            metadata=metadata,
+        )
+        while count is None or printed < count:
+            item = stream.get(timeout=timeout)
+            if item.kind == "batch":
+                assert item.batch is not None
+                print_batch(item.batch, out, detokenize=detokenize, max_chars=max_chars)
+                printed += 1
+                stream.ack(item.batch.seq + 1)
+            elif item.kind == "end":
+                assert item.end is not None
+                print(f"lane {lane}: end of stream at seq {item.end.next_seq}", file=out)
+                break
+            elif isinstance(item.error, grpc.RpcError):
+                raise ZephonClientError.from_rpc_error(
+                    item.error, lane=lane, address=address
+                ) from None
+            elif item.error is not None:
+                raise item.error
+            else:
+                raise ZephonClientError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the server ended the call without EndOfStream",
+                    lane=lane,
+                    address=address,
+                )
+        out.flush()
+        return printed
+    finally:
+        if stream is not None:
+            stream.close()
+        channel.close()
+
+
+def print_batch(
+    batch: DecodedBatch,
+    out: TextIO,
+    *,
+    detokenize: Callable[[list[int]], str] | None = None,
+    max_chars: int | None = None,
+) -> None:
+    """Print one batch: header with tensor shapes, then each decoded row when ``detokenize``."""
+    shapes = "  ".join(
+        f"{name}{list(arr.shape)}:{arr.dtype.name}" for name, arr in sorted(batch.tensors.items())
+    )
+    rows = _row_count(batch)
+    print(f"lane {batch.lane} seq {batch.seq}  rows={rows}  {shapes}", file=out)
+    if detokenize is None or "input_ids" not in batch.tensors:
+        return
+    ids = batch.tensors["input_ids"]
+    if ids.ndim == 1:
+        ids = ids[None, :]
+    keep = _token_mask(batch.tensors, ids.shape)
+    for row in range(ids.shape[0]):
+        row_ids = [int(v) for v in ids[row][keep[row]]]
+        text = detokenize(row_ids)
+        if max_chars is not None and len(text) > max_chars:
+            text = text[:max_chars] + "..."
+        print(f"  row {row}: {text!r}" if detokenize is not _ids_text else f"  row {row}: {text}",
+              file=out)
+
+
+def byte_decode(ids: Sequence[int]) -> str:
+    """The byte tokenizer's ids as text: runs of ids < 256 as UTF-8, others as ``<id>``."""
+    parts: list[str] = []
+    run = bytearray()
+    for token in ids:
+        if 0 <= token < 256:
+            run.append(token)
+            continue
+        if run:
+            parts.append(run.decode("utf-8", errors="replace"))
+            run.clear()
+        parts.append(f"<{token}>")
+    if run:
+        parts.append(run.decode("utf-8", errors="replace"))
+    return "".join(parts)
+
+
+def _ids_text(ids: Sequence[int]) -> str:
+    return "[" + ", ".join(map(str, ids)) + "]"
+
+
+def _detokenizer(spec: str) -> Callable[[list[int]], str]:
+    """How to show a row's ids given the server's tokenizer spec."""
+    if spec == BYTE_TOKENIZER:
+        return byte_decode
+    if spec and os.path.isfile(spec):
+        try:
+            # Optional dependency, imported by name so the client installs without it.
+            tokenizers: Any = importlib.import_module("tokenizers")
+        except ImportError:
+            return _ids_text
+        tokenizer = tokenizers.Tokenizer.from_file(spec)
+
+        def hf_decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+        return hf_decode
+    return _ids_text
+
+
+def _token_mask(tensors: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """True on real tokens: ``padding_mask``, else ``segment_ids != 0``, else everything."""
+    mask = tensors.get("padding_mask")
+    if mask is not None and mask.shape == shape:
+        return mask.astype(bool)
+    segments = tensors.get("segment_ids")
+    if segments is not None and segments.shape == shape:
+        return segments != 0
+    return np.ones(shape, dtype=bool)
+
+
+def _row_count(batch: DecodedBatch) -> int:
+    if batch.rows:
+        return len(batch.rows)
+    for arr in batch.tensors.values():
+        return int(arr.shape[0]) if arr.ndim else 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m zephon_client.tail ADDRESS LANE [-n N] [--start-seq S]``."""
+    parser = argparse.ArgumentParser(prog="zephon tail", description=__doc__.splitlines()[0])
+    parser.add_argument("address", help="server address, host:port")
+    parser.add_argument("lane", type=int)
+    parser.add_argument("-n", "--count", type=int, default=10, help="batches to print (0: all)")
+    parser.add_argument("--start-seq", type=int, default=0)
+    parser.add_argument("--no-decode", action="store_true", help="print shapes only")
+    parser.add_argument("--max-chars", type=int, default=None)
+    args = parser.parse_args(argv)
+    try:
+        tail(
+            args.address,
+            args.lane,
+            args.count or None,
+            start_seq=args.start_seq,
+            decode=not args.no_decode,
+            max_chars=args.max_chars,
+        )
+    except ZephonClientError as error:
+        print(f"zephon tail: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
