@@ -11,13 +11,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Serves the embedded default pipeline (until the gRPC server lands: runs it in-process).
+# Serves the embedded default pipeline (sample corpus generated on first start) on
+# 127.0.0.1:50051 with Prometheus metrics on :9400 and checkpoints under zephon-data/state.
 run: install
-	$(PYTHON) -m zephon_server.cli run-default
+	$(PYTHON) -m zephon_server.cli serve --host 127.0.0.1 --port 50051 --metrics-port 9400 \
+		--state-dir zephon-data/state --resume latest
 
 lint: install
-	$(PYTHON) -m ruff check server client tests bench
-	$(PYTHON) -m ruff format --check server client tests bench
+	$(PYTHON) -m ruff check server client tests bench examples tools docker
+	$(PYTHON) -m ruff format --check server client tests bench examples tools docker
 	$(PYTHON) -m mypy server/zephon_server client/zephon_client
 
 pytest: install
@@ -32,6 +34,10 @@ proto: install
 
 bench: install
 	$(PYTHON) -m bench.tokenize_bench
+
+docker:
+	bash tools/install-system-deps.sh
+	docker build --build-arg BASE_IMAGE=$$(cat .ci/base-image 2>/dev/null || echo python:3.11-slim) -f docker/Dockerfile -t zephon:latest .
 
 clean:
 	rm -rf $(STAMP) build *.egg-info .mypy_cache .ruff_cache

@@ -28,21 +28,23 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-    client = DataClient(args.address, rank=args.rank, world_size=args.world_size)
     start, tokens = time.monotonic(), 0
-    for step, batch in enumerate(client, start=1):
-        shapes = {name: tuple(t.shape) for name, t in batch.tensors.items()}
-        tokens += batch.tensors["input_ids"].size
-        # A real trainer would run forward/backward on batch.tensors here.
-        if step == 1 or step % 10 == 0:
-            rate = tokens / max(time.monotonic() - start, 1e-9)
-            log.info(
-                "step %d lane %d seq %d %s %.0f tokens/s", step, batch.lane, batch.seq, shapes, rate
-            )
-        if args.checkpoint_every and step % args.checkpoint_every == 0:
-            log.info("checkpoint at step %d: %s", step, client.checkpoint(tag=f"step-{step}"))
-        if step >= args.steps:
-            break
+    with DataClient(args.address, rank=args.rank, world_size=args.world_size) as client:
+        for step, batch in enumerate(client, start=1):
+            tokens += batch.tensors["input_ids"].size
+            # A real trainer would run forward/backward on batch.tensors here.
+            if step == 1:
+                shapes = {name: (str(t.dtype), t.shape) for name, t in batch.tensors.items()}
+                log.info("batch tensors: %s", shapes)
+            if step % 10 == 0:
+                rate = tokens / (time.monotonic() - start)
+                log.info(
+                    "step %d (lane %d seq %d): %.0f tokens/s", step, batch.lane, batch.seq, rate
+                )
+            if args.checkpoint_every and step % args.checkpoint_every == 0:
+                client.checkpoint(tag=f"step-{step}")  # logs its id and per-lane positions
+            if step >= args.steps:
+                break
     log.info("done: %d tokens in %.1f s", tokens, time.monotonic() - start)
 
 

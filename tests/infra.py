@@ -33,7 +33,7 @@ CONTAINER_LABEL = "zephon-test=1"  # on test images and containers
 
 _live: set[PrometheusHandle | ContainerHandle] = set()
 _built: dict[str, str] = {}
-_deps_done = False
+_deps_done: set[bool] = set()  # the `docker` arguments already run
 
 
 def _stop_all() -> None:
@@ -75,21 +75,24 @@ def _http_get(url: str, timeout: float = 5.0) -> bytes:
 # --- system dependencies ------------------------------------------------------------------
 
 
-def ensure_system_deps() -> None:
+def ensure_system_deps(*, docker: bool = True) -> None:
     """Run ``tools/install-system-deps.sh`` once per session (quick when all is installed).
 
-    Raises RuntimeError with the script's output when it fails. Needs root; as another user
-    it does nothing and the tests rely on what the machine already has.
+    ``docker=False`` installs Prometheus only (seconds, where Docker's first setup takes
+    minutes). Raises RuntimeError with the script's output when it fails. Needs root; as
+    another user it does nothing and the tests rely on what the machine already has.
     """
-    global _deps_done
-    if _deps_done or os.geteuid() != 0:
+    if os.geteuid() != 0 or docker in _deps_done or True in _deps_done:
         return
+    env = dict(os.environ)
+    if not docker:
+        env["ZEPHON_NO_DOCKER"] = "1"
     proc = subprocess.run(
-        ["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=1800
+        ["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=1800, env=env
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{INSTALL_SCRIPT} failed:\n{proc.stdout}{proc.stderr}")
-    _deps_done = True
+    _deps_done.add(docker)
 
 
 # --- Prometheus -----------------------------------------------------------------------------
@@ -160,7 +163,7 @@ class PrometheusHandle:
 def prometheus_available() -> bool:
     """True when Debian's Prometheus binary is installed (after install-system-deps.sh)."""
     if not os.access(PROMETHEUS, os.X_OK):
-        ensure_system_deps()
+        ensure_system_deps(docker=False)
     return os.access(PROMETHEUS, os.X_OK)
 
 

@@ -18,22 +18,47 @@ from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 
-def write_config(path: Path, corpus_dir: Path, *, lanes=4, chunk_size=16, k=2, seed=1234,
-                 extra_ops=(), batch=4, exhaustion="stop") -> Path:
+def write_config(
+    path: Path,
+    corpus_dir: Path,
+    *,
+    lanes=4,
+    chunk_size=16,
+    k=2,
+    seed=1234,
+    extra_ops=(),
+    batch=4,
+    exhaustion="stop",
+) -> Path:
     """A YAML pipeline over the test corpus (pack + shuffle by default)."""
     ops = [{"decode_text": {}}, {"tokenize": {"tokenizer": "byte"}}]
-    ops += list(extra_ops) or [{"pack_flat": {"max_length": 256}},
-                               {"shuffle": {"buffer_size": 8}}]
+    ops += list(extra_ops) or [{"pack_flat": {"max_length": 256}}, {"shuffle": {"buffer_size": 8}}]
     ops.append({"batch": {"microbatch_size": batch}})
     cfg = {
-        "seed": seed, "lanes": lanes, "chunk_size": chunk_size, "flush_every_k_chunks": k,
+        "seed": seed,
+        "lanes": lanes,
+        "chunk_size": chunk_size,
+        "flush_every_k_chunks": k,
         "datasets": [
-            {"name": "web", "path": str(corpus_dir / "web"), "weight": 0.5,
-             "exhaustion": exhaustion},
-            {"name": "books", "path": str(corpus_dir / "books"), "weight": 0.3,
-             "exhaustion": exhaustion},
-            {"name": "code", "path": str(corpus_dir / "code"), "weight": 0.2,
-             "text_field": "content", "exhaustion": exhaustion},
+            {
+                "name": "web",
+                "path": str(corpus_dir / "web"),
+                "weight": 0.5,
+                "exhaustion": exhaustion,
+            },
+            {
+                "name": "books",
+                "path": str(corpus_dir / "books"),
+                "weight": 0.3,
+                "exhaustion": exhaustion,
+            },
+            {
+                "name": "code",
+                "path": str(corpus_dir / "code"),
+                "weight": 0.2,
+                "text_field": "content",
+                "exhaustion": exhaustion,
+            },
         ],
         "pipeline": ops,
         "execution": {"runner": "threads", "workers": 2},
@@ -49,10 +74,26 @@ class ServerProcess:
         self.port_file = workdir / f"port-{time.monotonic_ns()}"
         self.log_path = workdir / f"server-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "zephon_server.cli", "serve", "--port", "0",
-               "--port-file", str(self.port_file), "--log-interval", "1", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir,
-                                     env={**os.environ, **(env or {})})
+        cmd = [
+            sys.executable,
+            "-m",
+            "zephon_server.cli",
+            "serve",
+            "--port",
+            "0",
+            "--port-file",
+            str(self.port_file),
+            "--log-interval",
+            "1",
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env={**os.environ, **(env or {})},
+        )
         deadline = time.monotonic() + 120
         while not self.port_file.exists() or not self.port_file.read_text().strip():
             if self.proc.poll() is not None:
@@ -99,12 +140,19 @@ def server(args: list[str], workdir: Path, env: dict | None = None) -> Iterator[
 
 
 def open_request(lane: int, start_seq: int = 0, consumer: str = "test"):
-    return pb.StreamBatchesRequest(open=pb.OpenLane(lane=lane, start_seq=start_seq,
-                                                    consumer=consumer))
+    return pb.StreamBatchesRequest(
+        open=pb.OpenLane(lane=lane, start_seq=start_seq, consumer=consumer)
+    )
 
 
-def read_lane(stub, lane: int, start_seq: int = 0, count: int | None = None,
-              consumer: str = "reader", ack: bool = True) -> tuple[list, object]:
+def read_lane(
+    stub,
+    lane: int,
+    start_seq: int = 0,
+    count: int | None = None,
+    consumer: str = "reader",
+    ack: bool = True,
+) -> tuple[list, object]:
     """Read ``count`` batches (or to the end) of a lane with a raw stub.
 
     Returns ``(batches, end)`` where batches are ``pb.SampleBatch`` and ``end`` is the
@@ -143,8 +191,20 @@ def read_lane(stub, lane: int, start_seq: int = 0, count: int | None = None,
 
 def dump_digests(config: Path, batches: int, lanes: str | None = None) -> dict[int, list[str]]:
     """``zephon dump --format digest`` as {lane: [chain hex]}."""
-    args = [sys.executable, "-m", "zephon_server.cli", "dump", "--config", str(config),
-            "--format", "digest", "--batches", str(batches), "--runner", "inline"]
+    args = [
+        sys.executable,
+        "-m",
+        "zephon_server.cli",
+        "dump",
+        "--config",
+        str(config),
+        "--format",
+        "digest",
+        "--batches",
+        str(batches),
+        "--runner",
+        "inline",
+    ]
     if lanes:
         args += ["--lanes", lanes]
     res = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)

@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
-from conftest import make_pipeline
 
+from conftest import make_pipeline
 from zephon_server.engine.errors import WorkerError
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.ops.base import Operator

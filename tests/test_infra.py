@@ -8,10 +8,15 @@ be had; in CI ``tools/install-system-deps.sh`` provides one.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
 from infra import (
+    REPO,
     build_image,
     docker_available,
     free_port,
@@ -20,7 +25,6 @@ from infra import (
     start_prometheus,
     wait_for_port,
 )
-from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 pytestmark = pytest.mark.service
 
@@ -83,11 +87,7 @@ def test_image_runs_the_cli_as_non_root(image):
 
 @pytest.mark.timeout(1800)
 def test_container_serves_health_and_metrics(image, tmp_path):
-    """The image's default command: gRPC health SERVING and zephon_ metrics scraped."""
-    with run_container(image, "--help", entrypoint="zephon") as help_run:
-        help_run.wait()
-        if "serve" not in help_run.logs():
-            pytest.skip("`zephon serve` is not in this build yet")
+    """The image's default command serves: health probe, demo trainer, Prometheus, HEALTHCHECK."""
     with run_container(image, ports=(50051, 9400)) as server:
         deadline = time.monotonic() + 120
         while True:
@@ -96,7 +96,19 @@ def test_container_serves_health_and_metrics(image, tmp_path):
                 break
             assert time.monotonic() < deadline, f"{probe.stderr}\n{server.logs()}"
             time.sleep(0.5)
-        metrics_port = server.ports[9400]
-        with start_prometheus(tmp_path, [f"127.0.0.1:{metrics_port}"]) as prom:
+        address = f"127.0.0.1:{server.ports[50051]}"
+        demo = [sys.executable, str(REPO / "examples" / "demo_trainer.py"), "--address", address]
+        trainer = subprocess.run(
+            [*demo, "--steps", "20", "--checkpoint-every", "10"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert trainer.returncode == 0, trainer.stderr
+        assert "done:" in trainer.stderr
+        with start_prometheus(tmp_path, [f"127.0.0.1:{server.ports[9400]}"]) as prom:
             prom.wait_for('up{job="zephon"}', lambda r: _value(r) == 1.0)
-            prom.wait_for('count({__name__=~"zephon_.+"})', lambda r: (_value(r) or 0) > 0)
+            prom.wait_for("sum(zephon_batches_sent_total)", lambda r: (_value(r) or 0) >= 20)
+        while server.health() != "healthy":  # Docker's own HEALTHCHECK (every 10 s)
+            assert time.monotonic() < deadline + 60, server.health()
+            time.sleep(1)

@@ -6,8 +6,8 @@ import os
 import time
 
 import pytest
-from conftest import make_pipeline
 
+from conftest import make_pipeline
 from zephon_server.engine import shm
 from zephon_server.engine.errors import ContractError, WorkerError
 from zephon_server.engine.execution import ExecutionConfig

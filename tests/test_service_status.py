@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from service_helpers import open_request, server, write_config
 
+from service_helpers import open_request, server, write_config
 from zephon_proto.v1 import data_service_pb2 as pb
 
 pytestmark = pytest.mark.service
@@ -37,32 +37,65 @@ def foreign_state(other_cfg, work):
 
 
 CASES = [
-    ("bad lane", lambda s, o, w: stream_error(s, open_request(99)),
-     grpc.StatusCode.INVALID_ARGUMENT, "lane 99 is not served"),
-    ("first message not OpenLane",
-     lambda s, o, w: stream_error(s, pb.StreamBatchesRequest(ack=pb.Ack(next_seq=1))),
-     grpc.StatusCode.INVALID_ARGUMENT, "first StreamBatches message must be OpenLane"),
-    ("seq not yet reachable", lambda s, o, w: stream_error(s, open_request(0, 10_000)),
-     grpc.StatusCode.OUT_OF_RANGE, "seq 10000 is not yet reachable; reachable range is 0.."),
-    ("unknown checkpoint id",
-     lambda s, o, w: _unary(s.Resume, pb.ResumeRequest(checkpoint_id="ckpt-00000042")),
-     grpc.StatusCode.NOT_FOUND, "unknown checkpoint id 'ckpt-00000042'"),
-    ("checkpoint from another pipeline",
-     lambda s, o, w: _unary(s.Resume, pb.ResumeRequest(state=foreign_state(o, w))),
-     grpc.StatusCode.FAILED_PRECONDITION, "seed (checkpoint 999, pipeline 1234)"),
-    ("corrupt checkpoint bytes",
-     lambda s, o, w: _unary(s.Resume, pb.ResumeRequest(state=b"ZEPHONCK" + bytes(50))),
-     grpc.StatusCode.DATA_LOSS, "checksum mismatch"),
-    ("empty resume request", lambda s, o, w: _unary(s.Resume, pb.ResumeRequest()),
-     grpc.StatusCode.INVALID_ARGUMENT, "needs checkpoint_id or state"),
-    ("checkpoint of a lane not served",
-     lambda s, o, w: _unary(s.Checkpoint, pb.CheckpointRequest(
-         positions=[pb.LanePosition(lane=77, next_seq=0)])),
-     grpc.StatusCode.INVALID_ARGUMENT, "lane 77 is not served"),
-    ("checkpoint beyond what was produced",
-     lambda s, o, w: _unary(s.Checkpoint, pb.CheckpointRequest(
-         positions=[pb.LanePosition(lane=0, next_seq=1_000_000)])),
-     grpc.StatusCode.OUT_OF_RANGE, "was not produced yet"),
+    (
+        "bad lane",
+        lambda s, o, w: stream_error(s, open_request(99)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "lane 99 is not served",
+    ),
+    (
+        "first message not OpenLane",
+        lambda s, o, w: stream_error(s, pb.StreamBatchesRequest(ack=pb.Ack(next_seq=1))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "first StreamBatches message must be OpenLane",
+    ),
+    (
+        "seq not yet reachable",
+        lambda s, o, w: stream_error(s, open_request(0, 10_000)),
+        grpc.StatusCode.OUT_OF_RANGE,
+        "seq 10000 is not yet reachable; reachable range is 0..",
+    ),
+    (
+        "unknown checkpoint id",
+        lambda s, o, w: _unary(s.Resume, pb.ResumeRequest(checkpoint_id="ckpt-00000042")),
+        grpc.StatusCode.NOT_FOUND,
+        "unknown checkpoint id 'ckpt-00000042'",
+    ),
+    (
+        "checkpoint from another pipeline",
+        lambda s, o, w: _unary(s.Resume, pb.ResumeRequest(state=foreign_state(o, w))),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "seed (checkpoint 999, pipeline 1234)",
+    ),
+    (
+        "corrupt checkpoint bytes",
+        lambda s, o, w: _unary(s.Resume, pb.ResumeRequest(state=b"ZEPHONCK" + bytes(50))),
+        grpc.StatusCode.DATA_LOSS,
+        "checksum mismatch",
+    ),
+    (
+        "empty resume request",
+        lambda s, o, w: _unary(s.Resume, pb.ResumeRequest()),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "needs checkpoint_id or state",
+    ),
+    (
+        "checkpoint of a lane not served",
+        lambda s, o, w: _unary(
+            s.Checkpoint, pb.CheckpointRequest(positions=[pb.LanePosition(lane=77, next_seq=0)])
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "lane 77 is not served",
+    ),
+    (
+        "checkpoint beyond what was produced",
+        lambda s, o, w: _unary(
+            s.Checkpoint,
+            pb.CheckpointRequest(positions=[pb.LanePosition(lane=0, next_seq=1_000_000)]),
+        ),
+        grpc.StatusCode.OUT_OF_RANGE,
+        "was not produced yet",
+    ),
 ]
 
 

@@ -80,19 +80,33 @@ def test_checkpoint_restart_with_resume_latest_is_bit_identical(config, expected
     with server(["--config", str(cfg), "--state-dir", str(state)], tmp_path) as srv:
         stub = srv.stub()
         consumed = {lane: read_lane(stub, lane, 0, count=3)[0] for lane in range(4)}
-        resp = stub.Checkpoint(pb.CheckpointRequest(
-            positions=[pb.LanePosition(lane=lane, next_seq=3) for lane in range(4)],
-            tag="step3"), timeout=30)
+        resp = stub.Checkpoint(
+            pb.CheckpointRequest(
+                positions=[pb.LanePosition(lane=lane, next_seq=3) for lane in range(4)], tag="step3"
+            ),
+            timeout=30,
+        )
         assert resp.checkpoint_id.endswith("step3") and len(resp.state) < 1024 * 4
     # A new server process resumes from the persisted checkpoint.
-    with server(["--config", str(cfg), "--state-dir", str(state), "--resume", "latest",
-                 "--runner", "processes"], tmp_path) as srv:
+    with server(
+        [
+            "--config",
+            str(cfg),
+            "--state-dir",
+            str(state),
+            "--resume",
+            "latest",
+            "--runner",
+            "processes",
+        ],
+        tmp_path,
+    ) as srv:
         stub = srv.stub()
         info = stub.GetInfo(pb.GetInfoRequest(), timeout=10)
         assert resp.checkpoint_id in info.checkpoint_ids
         assert {p.lane: p.next_seq for p in info.acknowledged} == dict.fromkeys(range(4), 3)
         for lane in range(4):
-            rest, end = read_lane(stub, lane, 3)
+            rest, _end = read_lane(stub, lane, 3)
             assert chains(consumed[lane] + rest) == expected[lane]
             with pytest.raises(grpc.RpcError) as err:
                 read_lane(stub, lane, 2)  # before the resume point: gone

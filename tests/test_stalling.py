@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_pipeline
 
+from conftest import make_pipeline
 from helpers import rec
 from zephon_server.engine.errors import ContractError
 from zephon_server.engine.execution import ExecutionConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
-from conftest import make_pipeline
 
+from conftest import make_pipeline
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.records import SampleBatch
 

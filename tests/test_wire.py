@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_pipeline
 
+from conftest import make_pipeline
 from zephon_client import wire as cw
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine import digest

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from zephon_server.engine import work_source as ws_mod
+from zephon_server.engine import swrr as swrr_mod
 from zephon_server.engine.datasets import DatasetInfo, DatasetSpec, ShardInfo
 from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.work_source import Chunk, WorkSource
@@ -73,6 +73,7 @@ def reference(
 
 
 def all_docs(source: WorkSource, limit: int | None = None) -> np.ndarray:
+    """The docs of the first ``limit`` *chunks* (not samples) of ``source``, or of all of them."""
     chunks = []
     for c in source.chunks():
         chunks.append(c.docs)
@@ -222,8 +223,8 @@ def test_mixture_matches_reference_swrr(weights: list[float]) -> None:
 
 
 def test_swrr_without_memoised_orbits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ws_mod, "_ORBIT_PATH_CAP", 5)
-    monkeypatch.setattr(ws_mod, "_ORBIT_MAX_STATES", 12)
+    monkeypatch.setattr(swrr_mod, "_ORBIT_PATH_CAP", 5)
+    monkeypatch.setattr(swrr_mod, "_ORBIT_MAX_STATES", 12)
     weights = [0.5, 0.3, 0.2]
     ds = make_datasets([[30], [60], [25]], weights, ["stop", "repeat", "stop"])
     docs = all_docs(WorkSource(ds, seed=1, lanes=1, chunk_size=11), limit=60)
@@ -246,24 +247,58 @@ def test_swrr_without_memoised_orbits(monkeypatch: pytest.MonkeyPatch) -> None:
     lanes=st.integers(1, 4),
     seed=st.integers(0, 2**32),
 )
+# More chunks (41 of one sample) than the 40 an infinite stream is cut at: the test once
+# truncated finite streams too and reported a lost document that the source had produced.
+@example(data=[([4, 12], 0.1, False), ([1, 12, 12], 0.1, False)], chunk_size=1, lanes=1, seed=0)
 def test_property_matches_reference_and_resumes(
     data: list[tuple[list[int], float, bool]], chunk_size: int, lanes: int, seed: int
 ) -> None:
     rows = [r for r, _, _ in data]
     weights = [w for _, w, _ in data]
     repeat = [rep for _, _, rep in data]
+    finite = not any(repeat)
+    total = sum(map(sum, rows))
     ds = make_datasets(rows, weights, ["repeat" if r else "stop" for r in repeat])
     source = WorkSource(ds, seed=seed, lanes=lanes, chunk_size=chunk_size)
-    docs = all_docs(source, limit=40)
-    ref = reference([sum(r) for r in rows], weights, repeat, len(docs))
+    # A finite stream is read to its end (at most 144 samples here); an infinite one is cut.
+    docs = all_docs(source, limit=None if finite else 40)
+    ref = reference([sum(r) for r in rows], weights, repeat, total + 1 if finite else len(docs))
     assert [tuple(x) for x in docs[:, [0, 3]].tolist()] == ref
-    if not any(repeat):
-        assert len(docs) == sum(map(sum, rows))
+    if finite:
+        assert len(docs) == total == source.total_samples
+        assert source.total_chunks == -(-total // chunk_size)
+        assert source.chunk(source.total_chunks) is None
+        expected = {
+            (d, s, r, 0) for d, rr in enumerate(rows) for s, n in enumerate(rr) for r in range(n)
+        }
         assert len({tuple(x) for x in docs.tolist()}) == len(docs)
+        assert {tuple(x) for x in docs.tolist()} == expected
     g = len(docs) // chunk_size // 2
     resumed = WorkSource(ds, seed=seed, lanes=lanes, chunk_size=chunk_size)
     resumed.restore_state(source.state_at(g))
     assert resumed.chunk(g) == source.chunk(g)
+    if finite:
+        assert list(resumed.chunks(g)) == list(source.chunks(g))
+
+
+def test_a_one_row_shard_and_one_sample_chunks_lose_nothing() -> None:
+    # Regression: the property test read only the first 40 chunks, so this 41-sample stream
+    # looked one document short. The source was right; every document must be there once.
+    shard_rows = [[4, 12], [1, 12, 12]]
+    ds = make_datasets(shard_rows, [0.1, 0.1])
+    source = WorkSource(ds, seed=0, lanes=1, chunk_size=1)
+    chunks = list(source.chunks())
+    assert len(chunks) == source.total_chunks == 41
+    docs = [tuple(row) for c in chunks for row in c.docs.tolist()]
+    expected = {
+        (d, s, r, 0)
+        for d, rows in enumerate(shard_rows)
+        for s, n in enumerate(rows)
+        for r in range(n)
+    }
+    assert len(docs) == len(set(docs)) == 41 and set(docs) == expected
+    assert [(d, p) for d, _, _, p in docs] == reference([16, 25], [0.1, 0.1], [False] * 2, 42)
+    assert source.chunk(41) is None
 
 
 def test_shares_match_weights() -> None:

@@ -50,10 +50,7 @@ fi
 /usr/bin/prometheus --version >/dev/null 2>&1 || die "/usr/bin/prometheus does not run"
 
 # --- Docker -------------------------------------------------------------------------------
-if [ "${ZEPHON_NO_DOCKER:-}" = 1 ]; then
-  rm -f "$base_file"
-  exit 0
-fi
+[ "${ZEPHON_NO_DOCKER:-}" = 1 ] && exit 0
 docker_env=""
 for dir in "${ZEPHON_SHARED_DIR:-}" "$repo/../shared"; do
   if [ -n "$dir" ] && [ -f "$dir/tools/docker-env.sh" ]; then

@@ -1,6 +1,44 @@
 """Zephon trainer client: streams a rank's lanes from a Zephon server.
 
 Installs with grpcio, protobuf and numpy only; it never imports the server's engine.
+
+* :class:`DataClient`: iterate it to get a rank's :class:`Batch` objects (numpy arrays) in
+  strict round-robin over its lanes; ``state_dict``/``load_state_dict``, ``checkpoint``/
+  ``resume``; reconnects on ``UNAVAILABLE`` and verifies chain digests.
+* :func:`merge_state_dicts`: union of several ranks' states (resume with another rank count).
+* :func:`lanes_for_rank`: the rank → lanes mapping.
+* ``zephon_client.torch.ZephonIterableDataset``: optional PyTorch adapter.
+* ``zephon_client.tail.tail``: print a lane's batches (``zephon tail``).
 """
 
+from .client import (
+    AUTH_TOKEN_ENV,
+    DEFAULT_CHANNEL_OPTIONS,
+    Batch,
+    CheckpointInfo,
+    DataClient,
+    TLSConfig,
+    merge_state_dicts,
+)
+from .errors import ZephonClientError
+from .mapping import lanes_for_rank
+from .wire import CHAIN_SEED, ChainMismatch, DecodedBatch, WireError
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AUTH_TOKEN_ENV",
+    "CHAIN_SEED",
+    "DEFAULT_CHANNEL_OPTIONS",
+    "Batch",
+    "ChainMismatch",
+    "CheckpointInfo",
+    "DataClient",
+    "DecodedBatch",
+    "TLSConfig",
+    "WireError",
+    "ZephonClientError",
+    "__version__",
+    "lanes_for_rank",
+    "merge_state_dicts",
+]

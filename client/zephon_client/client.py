@@ -180,7 +180,7 @@ def merge_state_dicts(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     count = 0
     for state in states:
         count += 1
-        version, fingerprint, pos, ch = _parse_state(state)
+        _version, fingerprint, pos, ch = _parse_state(state)
         if merged["fingerprint"] is None:
             merged["fingerprint"] = fingerprint
         elif fingerprint is not None and fingerprint != merged["fingerprint"]:
@@ -255,15 +255,14 @@ class LaneStream:
         self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._done = threading.Event()
         self._cancelled = threading.Event()
+        self._drained = threading.Event()
         self._requests.put(
             pb.StreamBatchesRequest(
                 open=pb.OpenLane(lane=lane, start_seq=start_seq, consumer=consumer)
             )
         )
         self._call = stub.StreamBatches(self._request_iterator(), metadata=tuple(metadata))
-        self._thread = threading.Thread(
-            target=self._read, name=f"zephon-lane-{lane}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._read, name=f"zephon-lane-{lane}", daemon=True)
         self._thread.start()
 
     def get(self, timeout: float | None = None) -> _Item:
@@ -284,8 +283,15 @@ class LaneStream:
         self._requests.put(None)
         self._items.put(_Item("error", error=_Cancelled()))
 
-    def close(self, timeout: float = 1.0) -> None:
-        """Cancel the call and join the reader thread (up to ``timeout`` seconds)."""
+    def close(self, timeout: float = 1.0, *, flush: bool = False) -> None:
+        """Cancel the call and join the reader thread (up to ``timeout`` seconds).
+
+        ``flush`` first ends the request stream and waits (up to ``timeout / 4``) until the
+        acks already queued were handed to gRPC, so the last ack is not lost to the cancel.
+        """
+        if flush and not self._cancelled.is_set():
+            self._requests.put(None)
+            self._drained.wait(timeout / 4)
         self.cancel()
         self.join(timeout)
 
@@ -295,11 +301,14 @@ class LaneStream:
             self._thread.join(timeout)
 
     def _request_iterator(self) -> Iterator[pb.StreamBatchesRequest]:
-        while True:
-            request = self._requests.get()
-            if request is None:
-                return
-            yield request
+        try:
+            while True:
+                request = self._requests.get()
+                if request is None:
+                    return
+                yield request
+        finally:
+            self._drained.set()
 
     def _read(self) -> None:
         expected = self.start_seq
@@ -644,7 +653,9 @@ class DataClient:
             wanted = {int(lane): int(seq) for lane, seq in positions.items()}
             endpoint = self._checkpoint_endpoint(wanted, address)
         request = pb.CheckpointRequest(
-            positions=[pb.LanePosition(lane=lane, next_seq=seq) for lane, seq in sorted(wanted.items())],
+            positions=[
+                pb.LanePosition(lane=lane, next_seq=seq) for lane, seq in sorted(wanted.items())
+            ],
             tag=tag,
         )
         response = self._unary(endpoint, "Checkpoint", request)
@@ -756,7 +767,9 @@ class DataClient:
                 if item is None:
                     continue  # closed, superseded or restarted: the loop head decides
                 if item.kind == "end":
-                    logger.info("lane %d ended at seq %d", lane, item.end.next_seq if item.end else -1)
+                    logger.info(
+                        "lane %d ended at seq %d", lane, item.end.next_seq if item.end else -1
+                    )
                     with self._lock:
                         run.order.pop(run.index)
                         stream = run.streams.pop(lane, None)
@@ -902,8 +915,7 @@ class DataClient:
                     if code == grpc.StatusCode.UNAVAILABLE:
                         err = ZephonClientError(
                             code,
-                            f"{err.message} ({method}; gave up after "
-                            f"{self.reconnect_timeout:g} s)",
+                            f"{err.message} ({method}; gave up after {self.reconnect_timeout:g} s)",
                             address=endpoint.address,
                         )
                     raise err from None
@@ -921,7 +933,9 @@ class DataClient:
                 raise ZephonClientError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     "servers serve different pipelines: "
-                    + ", ".join(f"{e.address} has fingerprint {e.info.fingerprint}" for e in self._endpoints),
+                    + ", ".join(
+                        f"{e.address} has fingerprint {e.info.fingerprint}" for e in self._endpoints
+                    ),
                 )
             if other.info.num_lanes != first.info.num_lanes:
                 raise ZephonClientError(

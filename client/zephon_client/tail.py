@@ -24,6 +24,7 @@ import grpc
 import numpy as np
 
 from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from .client import LaneStream, TLSConfig, auth_metadata, make_channel
 from .errors import ZephonClientError
@@ -59,8 +60,6 @@ def tail(
     stream: LaneStream | None = None
     printed = 0
     try:
-        from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
-
         stub = pb_grpc.DataServiceStub(channel)
         try:
             info = stub.GetInfo(pb.GetInfoRequest(), timeout=timeout or 30.0, metadata=metadata)
@@ -105,7 +104,7 @@ def tail(
         return printed
     finally:
         if stream is not None:
-            stream.close()
+            stream.close(flush=True)
         channel.close()
 
 
@@ -116,7 +115,7 @@ def print_batch(
     detokenize: Callable[[list[int]], str] | None = None,
     max_chars: int | None = None,
 ) -> None:
-    """Print one batch: header with tensor shapes, then each decoded row when ``detokenize``."""
+    """Print one batch: header with tensor shapes, then each row shown by ``detokenize``."""
     shapes = "  ".join(
         f"{name}{list(arr.shape)}:{arr.dtype.name}" for name, arr in sorted(batch.tensors.items())
     )
@@ -133,8 +132,7 @@ def print_batch(
         text = detokenize(row_ids)
         if max_chars is not None and len(text) > max_chars:
             text = text[:max_chars] + "..."
-        print(f"  row {row}: {text!r}" if detokenize is not _ids_text else f"  row {row}: {text}",
-              file=out)
+        print(f"  row {row}: {text}", file=out)
 
 
 def byte_decode(ids: Sequence[int]) -> str:
@@ -159,9 +157,9 @@ def _ids_text(ids: Sequence[int]) -> str:
 
 
 def _detokenizer(spec: str) -> Callable[[list[int]], str]:
-    """How to show a row's ids given the server's tokenizer spec."""
+    """How to show a row's ids (quoted text, or the ids) given the server's tokenizer spec."""
     if spec == BYTE_TOKENIZER:
-        return byte_decode
+        return lambda ids: repr(byte_decode(ids))
     if spec and os.path.isfile(spec):
         try:
             # Optional dependency, imported by name so the client installs without it.
@@ -171,7 +169,7 @@ def _detokenizer(spec: str) -> Callable[[list[int]], str]:
         tokenizer = tokenizers.Tokenizer.from_file(spec)
 
         def hf_decode(ids: list[int]) -> str:
-            return str(tokenizer.decode(ids, skip_special_tokens=False))
+            return repr(str(tokenizer.decode(ids, skip_special_tokens=False)))
 
         return hf_decode
     return _ids_text
