@@ -37,6 +37,7 @@ Reconnecting
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -244,6 +245,7 @@ class LaneStream:
         previous_chain: bytes | None,
         verify: bool,
         metadata: Sequence[tuple[str, str]] = (),
+        prefetch: int = 4,
     ) -> None:
         self.address = address
         self.lane = lane
@@ -252,7 +254,10 @@ class LaneStream:
         self._verify = verify
         self._previous_chain = previous_chain
         self._requests: queue.SimpleQueue[pb.StreamBatchesRequest | None] = queue.SimpleQueue()
-        self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        # Bounded: when the consumer lags, the reader stops reading and HTTP/2 flow control
+        # holds the server back (besides its ack window). One slot stays free for the
+        # end/error item that follows a full queue of batches.
+        self._items: queue.Queue[_Item] = queue.Queue(maxsize=max(1, prefetch) + 1)
         self._done = threading.Event()
         self._cancelled = threading.Event()
         self._drained = threading.Event()
@@ -281,7 +286,8 @@ class LaneStream:
         self._cancelled.set()
         self._call.cancel()
         self._requests.put(None)
-        self._items.put(_Item("error", error=_Cancelled()))
+        with contextlib.suppress(queue.Full):  # only a wake-up for a consumer blocked in get()
+            self._items.put_nowait(_Item("error", error=_Cancelled()))
 
     def close(self, timeout: float = 1.0, *, flush: bool = False) -> None:
         """Cancel the call and join the reader thread (up to ``timeout`` seconds).
@@ -309,6 +315,15 @@ class LaneStream:
                 yield request
         finally:
             self._drained.set()
+
+    def _put(self, item: _Item) -> None:
+        """Queue ``item``, waiting for room unless the call gets cancelled."""
+        while not self._cancelled.is_set():
+            try:
+                self._items.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
 
     def _read(self) -> None:
         expected = self.start_seq
@@ -340,7 +355,7 @@ class LaneStream:
                     chain = batch.chain_digest
                     expected += 1
                     self.received += 1
-                    self._items.put(_Item("batch", batch=batch))
+                    self._put(_Item("batch", batch=batch))
                 elif kind == "end" and not ended:
                     end = response.end
                     if end.next_seq != expected:
@@ -360,7 +375,7 @@ class LaneStream:
                             end.chain_digest,
                         )
                     ended = True
-                    self._items.put(_Item("end", end=end))
+                    self._put(_Item("end", end=end))
                 elif ended:
                     pass  # nothing may follow EndOfStream; the lane already left the rotation
                 else:
@@ -371,13 +386,13 @@ class LaneStream:
                         address=self.address,
                     )
             if not ended:
-                self._items.put(_Item("closed"))
+                self._put(_Item("closed"))
         except grpc.RpcError as error:
             if not ended:
-                self._items.put(_Item("error", error=error))
+                self._put(_Item("error", error=error))
         except Exception as error:  # decode/verify/protocol errors reach the consumer in order
-            self._items.put(_Item("error", error=error))
             self._call.cancel()
+            self._put(_Item("error", error=error))
         finally:
             self._done.set()
             self._requests.put(None)
@@ -448,7 +463,8 @@ class DataClient:
     digests (:class:`~zephon_client.wire.ChainMismatch` on a mismatch). ``auth_token``
     (default: ``$ZEPHON_AUTH_TOKEN``) is sent as ``authorization: Bearer <token>``; ``tls``
     makes the channels TLS/mTLS. ``reconnect_timeout`` bounds how long ``UNAVAILABLE`` is
-    retried (streams and unary calls); ``rpc_timeout`` is the deadline of unary calls.
+    retried (streams and unary calls); ``rpc_timeout`` is the deadline of unary calls;
+    ``prefetch`` is how many decoded batches each lane's reader keeps ahead of the consumer.
 
     Iterate it (``for batch in client``) to get :class:`Batch` objects; see the module
     documentation for consumption, positions, resuming and reconnecting. Construction calls
@@ -470,6 +486,7 @@ class DataClient:
         tls: TLSConfig | None = None,
         reconnect_timeout: float = 60.0,
         rpc_timeout: float | None = 300.0,
+        prefetch: int = 4,
         channel_options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
     ) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
@@ -483,6 +500,7 @@ class DataClient:
         self.verify = verify
         self.reconnect_timeout = float(reconnect_timeout)
         self.rpc_timeout = rpc_timeout
+        self.prefetch = prefetch
         self._metadata = auth_metadata(auth_token)
         self._lock = threading.RLock()
         self._closed = threading.Event()
@@ -817,6 +835,7 @@ class DataClient:
             previous_chain=self._chains[lane],
             verify=self.verify,
             metadata=self._metadata,
+            prefetch=self.prefetch,
         )
 
     def _next_item(self, run: _Run, lane: int) -> _Item | None:
@@ -869,7 +888,7 @@ class DataClient:
                 return None
             delay = min(delay * 2, BACKOFF_MAX)
             with self._lock:
-                if run.superseded or run.epoch != self._epoch:
+                if run.superseded or run.epoch != self._epoch or self._closed.is_set():
                     return None
                 run.streams[lane] = self._open(lane)
 
