@@ -3,7 +3,7 @@
 A :class:`DataClient` for ``(rank, world_size)`` asks every server for its ``GetInfo``, picks
 the rank's lanes with :func:`~zephon_client.mapping.lanes_for_rank` and opens one
 ``StreamBatches`` call per lane, each read by a background thread that decodes (and verifies)
-the batches into a queue bounded by the server's send window. Iterating the client yields
+the batches into a small bounded queue (``prefetch``). Iterating the client yields
 :class:`Batch` objects in strict round-robin over the rank's lanes in lane order; a lane that
 ends drops out of the rotation and iteration stops when every lane has ended.
 
@@ -230,7 +230,7 @@ class LaneStream:
     A daemon thread reads the responses, checks their seqs, decodes them and (when
     ``verify``) checks their digests against ``previous_chain`` (``None``: unknown, so only
     the content digest is checked and the first batch's chain becomes the base), and puts
-    :class:`_Item` objects in a queue that the server's window bounds. :meth:`ack` sends an
+    :class:`_Item` objects in a queue of ``prefetch`` slots. :meth:`ack` sends an
     ``Ack``; :meth:`close` cancels the call and joins the thread.
     """
 
@@ -255,9 +255,8 @@ class LaneStream:
         self._previous_chain = previous_chain
         self._requests: queue.SimpleQueue[pb.StreamBatchesRequest | None] = queue.SimpleQueue()
         # Bounded: when the consumer lags, the reader stops reading and HTTP/2 flow control
-        # holds the server back (besides its ack window). One slot stays free for the
-        # end/error item that follows a full queue of batches.
-        self._items: queue.Queue[_Item] = queue.Queue(maxsize=max(1, prefetch) + 1)
+        # holds the server back (besides its ack window), so memory stays small.
+        self._items: queue.Queue[_Item] = queue.Queue(maxsize=max(1, prefetch))
         self._done = threading.Event()
         self._cancelled = threading.Event()
         self._drained = threading.Event()
@@ -447,6 +446,7 @@ class _Pending:
     epoch: int
     batch: Batch
     stream: LaneStream
+    run: _Run
 
 
 class DataClient:
@@ -768,7 +768,7 @@ class DataClient:
     def _iterate(self, run: _Run) -> Iterator[Batch]:
         try:
             while True:
-                self._consume_pending()
+                self._consume_pending(run)
                 with self._lock:
                     if self._closed.is_set():
                         return
@@ -800,7 +800,7 @@ class DataClient:
                 with self._lock:
                     if run.epoch != self._epoch or run.superseded or self._closed.is_set():
                         continue
-                    self._pending = _Pending(run.epoch, item.batch, run.streams[lane])
+                    self._pending = _Pending(run.epoch, item.batch, run.streams[lane], run)
                     run.index = (run.index + 1) % len(run.order)
                 yield item.batch
         finally:
@@ -892,10 +892,14 @@ class DataClient:
                     return None
                 run.streams[lane] = self._open(lane)
 
-    def _consume_pending(self) -> None:
+    def _consume_pending(self, run: _Run | None = None) -> None:
+        """Consume the batch yielded last (only if ``run`` yielded it, when given)."""
         with self._lock:
-            pending, self._pending = self._pending, None
-            if pending is None or pending.epoch != self._epoch:
+            pending = self._pending
+            if pending is None or (run is not None and pending.run is not run):
+                return
+            self._pending = None
+            if pending.epoch != self._epoch:
                 return
             batch = pending.batch
             self._positions[batch.lane] = batch.seq + 1
