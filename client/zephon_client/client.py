@@ -297,6 +297,9 @@ class LaneStream:
         if flush and not self._cancelled.is_set():
             self._requests.put(None)
             self._drained.wait(timeout / 4)
+            # Let the server see the acks and end the call itself (it waits for them after
+            # EndOfStream) rather than racing them with a cancel.
+            self._done.wait(timeout / 2)
         self.cancel()
         self.join(timeout)
 
@@ -794,7 +797,7 @@ class DataClient:
                         if run.order:
                             run.index %= len(run.order)
                     if stream is not None:
-                        stream.close()
+                        stream.close(flush=True)
                     continue
                 assert item.batch is not None
                 with self._lock:

@@ -174,6 +174,9 @@ class DataService(pb_grpc.DataServiceServicer):
             for item in stream:
                 if isinstance(item, EndOfLane):
                     yield end_response(item.next_seq, item.chain)
+                    # Keep the call open until the client acknowledged the tail (or left), so
+                    # the final acknowledgements are recorded.
+                    acked.wait_below(item.next_seq, context, self.draining)
                     return
                 if not acked.wait_below(sent - self.window + 1, context, self.draining):
                     break
