@@ -56,3 +56,20 @@ def tokenized_stream(
         meta = SampleMeta(lane, (chunk, offset), ds, doc, (doc,), spans=(Span(doc, 0, length),))
         out.append(SampleRecord({"input_ids": ids}, meta))
     return out
+
+
+def assert_closed_exactly_once(run) -> None:
+    """Consume ``run``; every source document must be closed exactly once (rows + tombstones)."""
+    from collections import Counter
+
+    from zephon_server.engine.records import SampleBatch
+
+    closed: Counter = Counter()
+    for item in run:
+        if isinstance(item, SampleBatch):
+            closed.update(item.closes())
+    for log in run.logs.values():
+        for meta in log.tail_tombstones:
+            closed.update(meta.closes)
+    assert set(closed.values()) == {1}, [d for d, n in closed.items() if n != 1][:5]
+    assert len(closed) == sum(d.num_rows for d in run.plan.datasets)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import make_pipeline
+from helpers import assert_closed_exactly_once
 from zephon_server.engine.errors import WorkerError
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.ops.base import Operator
@@ -92,24 +93,10 @@ def test_slow_workers_do_not_change_output(corpus_specs):
     assert got == want
 
 
-def closed_docs(run) -> Counter:
-    closed: Counter = Counter()
-    for item in run:
-        if isinstance(item, SampleBatch):
-            closed.update(item.closes())
-    for log in run.logs.values():
-        for meta in log.tail_tombstones:
-            closed.update(meta.closes)
-    return closed
-
-
 def test_one_pass_closes_every_document_once_and_matches_weights(corpus_specs):
     pipe = batch_pipeline(corpus_specs)
     run = pipe.run(ExecutionConfig(runner="threads", workers=2))
-    closed = closed_docs(run)
-    total_rows = sum(d.num_rows for d in run.plan.datasets)
-    assert len(closed) == total_rows
-    assert set(closed.values()) == {1}
+    assert_closed_exactly_once(run)
     # Shares over the first 300 samples of the work source (all datasets still active there).
     counts = Counter()
     for g in range(300 // 32):
@@ -125,9 +112,7 @@ def test_one_pass_closes_every_document_once_and_matches_weights(corpus_specs):
 def test_non_deterministic_mode_delivers_every_record_once(corpus_specs):
     pipe = batch_pipeline(corpus_specs)
     run = pipe.run(ExecutionConfig(runner="threads", workers=4, deterministic=False))
-    closed = closed_docs(run)
-    assert len(closed) == sum(d.num_rows for d in run.plan.datasets)
-    assert set(closed.values()) == {1}
+    assert_closed_exactly_once(run)
 
 
 def test_lane_end_follows_each_lane(corpus_specs):

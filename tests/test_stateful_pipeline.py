@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import pytest
 
 from conftest import make_pipeline
+from helpers import assert_closed_exactly_once
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.records import SampleBatch
 
 SHUFFLES = ["streaming", "block", "block_warmup"]
 
@@ -72,15 +72,7 @@ def test_microbatch_sizes_and_fusion_do_not_change_data(corpus_specs, oracles, a
 @pytest.mark.parametrize("algorithm", SHUFFLES)
 def test_every_document_closed_exactly_once(corpus_specs, algorithm, pack):
     run = stateful(corpus_specs, algorithm, pack=pack).run(ExecutionConfig(runner="threads"))
-    closed: Counter = Counter()
-    for item in run:
-        if isinstance(item, SampleBatch):
-            closed.update(item.closes())
-    for log in run.logs.values():
-        for meta in log.tail_tombstones:
-            closed.update(meta.closes)
-    assert len(closed) == sum(d.num_rows for d in run.plan.datasets)
-    assert set(closed.values()) == {1}
+    assert_closed_exactly_once(run)
 
 
 def test_pack_flat_rows_are_fixed_length_with_positions(corpus_specs):
@@ -94,12 +86,4 @@ def test_non_deterministic_mode_still_delivers_everything_once(corpus_specs):
     run = stateful(corpus_specs, "streaming").run(
         ExecutionConfig(runner="threads", workers=3, deterministic=False)
     )
-    closed: Counter = Counter()
-    for item in run:
-        if isinstance(item, SampleBatch):
-            closed.update(item.closes())
-    for log in run.logs.values():
-        for meta in log.tail_tombstones:
-            closed.update(meta.closes)
-    assert set(closed.values()) == {1}
-    assert len(closed) == sum(d.num_rows for d in run.plan.datasets)
+    assert_closed_exactly_once(run)
