@@ -115,3 +115,23 @@ def test_status_codes(running, name, call, code, text):
     # The server stays healthy after every bad request.
     info = srv.stub().GetInfo(pb.GetInfoRequest(), timeout=10)
     assert info.num_lanes == 4
+
+
+def test_health_and_reflection_answer(running):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    srv, _, _ = running
+    channel = grpc.insecure_channel(srv.address)
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "zephon.v1.DataService"):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    services = ProtoReflectionDescriptorDatabase(channel).get_services()
+    assert "zephon.v1.DataService" in services and "grpc.health.v1.Health" in services
+    method = ProtoReflectionDescriptorDatabase(channel).FindFileContainingSymbol(
+        "zephon.v1.DataService"
+    )
+    assert method.package == "zephon.v1"

@@ -46,7 +46,10 @@ def content_digest(tensors: Mapping[str, np.ndarray]) -> bytes:
             else arr.dtype.str.encode(),
         )
         _field(h, ",".join(str(d) for d in arr.shape).encode())
-        _field(h, arr.tobytes() if arr.size else b"")
+        # Hash the array's buffer in place (no copy); same bytes as tobytes().
+        raw = arr.reshape(-1).view(np.uint8) if arr.size else b""
+        h.update(struct.pack("<Q", arr.nbytes))
+        h.update(raw)
     return h.digest()
 
 
