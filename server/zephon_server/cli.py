@@ -63,8 +63,8 @@ def load_pipeline(args: argparse.Namespace) -> tuple[Pipeline, ExecutionConfig]:
 
 
 def _import_path(spec: str) -> str:
-    """Accept ``file.py:function`` by importing the file as a module."""
-    import importlib.util
+    """Accept ``file.py:function``: the file's directory joins ``sys.path`` and the file is
+    imported under its own module name, so process and Ray workers can import it too."""
     import os
 
     path, _, func = spec.rpartition(":")
@@ -72,12 +72,12 @@ def _import_path(spec: str) -> str:
         return spec
     if not os.path.isfile(path):
         raise ZephonError(f"--pipeline: file {path!r} does not exist")
-    name = "zephon_user_pipeline_" + os.path.splitext(os.path.basename(path))[0]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    assert module_spec and module_spec.loader
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    module_spec.loader.exec_module(module)
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    name = os.path.splitext(os.path.basename(path))[0]
+    if not name.isidentifier():
+        raise ZephonError(f"--pipeline: {path!r} must be named like a Python module")
     return f"{name}:{func}"
 
 
@@ -209,9 +209,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     """Print batches of one lane from a running server."""
+    from zephon_client import ZephonClientError
     from zephon_client.tail import tail
 
-    tail(args.address, args.lane, args.count, start_seq=args.start_seq, decode=not args.no_decode)
+    try:
+        tail(args.address, args.lane, args.count, start_seq=args.start_seq,
+             decode=not args.no_decode)
+    except ZephonClientError as exc:
+        print(f"zephon tail: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

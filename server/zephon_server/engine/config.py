@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,10 @@ def load_config(path: str | os.PathLike[str]) -> tuple[Pipeline, ExecutionConfig
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"config file {str(file)!r} does not exist")
+    # Functions named in the config (map_transform fn: "module:function") may live beside it.
+    directory = str(file.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     try:
         data = yaml.safe_load(file.read_text())
     except yaml.YAMLError as exc:
@@ -81,6 +86,15 @@ def parse_config(
         name, params = _op_entry(i, entry)
         params = _resolve_paths(name, params, base_dir)
         accepted = OPERATORS[name].accepted_params()
+        missing = sorted(
+            n for n, prm in accepted.items()
+            if prm.default is prm.empty and prm.kind is prm.KEYWORD_ONLY and n not in params
+        )
+        if missing:
+            raise ConfigError(
+                f"pipeline[{i}].{name}: missing required parameter {missing[0]!r} "
+                f"(e.g. '- {name}: {{{missing[0]}: ...}}')"
+            )
         unknown = sorted(set(params) - set(accepted) - {"kwargs"})
         if unknown:
             names = sorted(n for n in accepted if n != "kwargs")

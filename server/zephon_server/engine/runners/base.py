@@ -170,8 +170,8 @@ class PooledRunner(StageRunner):
 
     def _spawn(self, target: Callable[..., None], *args: Any, name: str) -> None:
         t = threading.Thread(target=target, args=args, name=f"zephon-{name}", daemon=True)
-        self._threads.append(t)
         t.start()
+        self._threads.append(t)  # only started threads are joined by close()
 
     def _put(self, q: queue.Queue[Any], item: Any) -> bool:
         while not self._stop.is_set():
