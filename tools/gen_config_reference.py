@@ -1,0 +1,386 @@
+"""Generates docs/config-reference.md from the code, so the reference matches what it accepts.
+
+    python tools/gen_config_reference.py          # rewrite docs/config-reference.md
+    python tools/gen_config_reference.py --check  # exit 1 if the file is out of date
+
+Names, types, defaults, allowed values and the operator list come from the code: the config
+loader's top-level keys (``engine/config.py``), the fields of ``DatasetSpec`` and
+``ExecutionConfig``, every operator in ``engine/ops.OPERATORS`` with the parameters its
+constructor accepts (``Operator.accepted_params()``) and the first line of its docstring, and
+the ``zephon`` command-line parser. The one-line meanings below are written by hand; a key or
+parameter without one stops the generator, so a new setting cannot go undocumented.
+``tests/test_docs.py`` fails when the checked-in page differs from what this prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from zephon_server.cli import build_parser
+from zephon_server.engine.config import TOP_LEVEL_KEYS
+from zephon_server.engine.datasets import EXHAUSTION_POLICIES, ON_ERROR_POLICIES, DatasetSpec
+from zephon_server.engine.execution import RUNNERS, ExecutionConfig
+from zephon_server.engine.ops import OPERATORS
+from zephon_server.engine.ops.base import EXECUTION_PARAMS, PLACEMENTS
+from zephon_server.engine.ops.mixture import MIXTURE_UNITS
+from zephon_server.engine.ops.packing import ALGORITHMS, OVERSIZED_POLICIES
+from zephon_server.engine.ops.shuffle import SHUFFLE_ALGORITHMS
+from zephon_server.engine.pipeline import Pipeline
+from zephon_server.engine.shards import EXTENSIONS, FORMATS
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTPUT = ROOT / "docs" / "config-reference.md"
+REQUIRED = "*required*"
+
+
+def _choices(values: Any) -> str:
+    return ", ".join(f"`{v}`" for v in values)
+
+
+TOP_LEVEL = {
+    "seed": "Seed of every data-derived random choice (work-source order, lane routing, shuffle).",
+    "lanes": "Number of lanes `L`, fixed for the whole training run. Any data-parallel size "
+    "dividing `L` reads the same per-lane streams.",
+    "chunk_size": "Sample pointers per chunk: the unit of scheduling, lane routing and replay.",
+    "flush_every_k_chunks": "A flush sentinel (epoch boundary) every K chunks per lane. Resume "
+    "replays at most K chunks per lane; stateful operators reset there.",
+    "datasets": "The datasets (see below); a non-empty list.",
+    "pipeline": "The operator chain (see below); a non-empty list ending with `batch`.",
+    "execution": "How the pipeline runs (see below). Never changes the data.",
+}
+
+DATASET = {
+    "name": "Unique name; used by `ensure_mixture.weights`, metrics labels and errors.",
+    "path": "A directory (every shard file below it with a supported extension, hidden files "
+    "skipped), one file, or a glob pattern (`**` allowed). Relative paths resolve against the "
+    "config file's directory.",
+    "weight": "Mixture weight, > 0. Weights are relative: 0.7/0.3 and 7/3 are the same mixture.",
+    "text_field": "JSON field (JSONL) or column (Parquet) holding the text.",
+    "on_error": "`fail`: a malformed or unreadable record stops the pipeline with an error "
+    "naming file and line. `skip`: it becomes a tombstone and is counted in "
+    "`zephon_records_skipped_total`.",
+    "exhaustion": "`stop`: when the dataset runs out it leaves the mixture and the others keep "
+    "their weights; the stream ends when every dataset is out. `repeat`: a new pass in a new "
+    "order.",
+    "format": "Override the format inferred from the extension (use with a glob for files "
+    "without a supported extension).",
+}
+
+EXECUTION = {
+    "runner": "`inline` (one thread, the reference), `threads`, `processes` (spawned worker "
+    "processes, arrays through shared memory) or `ray` (map-like stages on Ray actors).",
+    "workers": "Workers per step (an operator's `parallelism` overrides it).",
+    "deterministic": "`false` forwards results in completion order and allows latency "
+    "flushes: each record is still delivered once, but the order may change between runs.",
+    "fuse": "Run consecutive stateless operators in one worker call.",
+    "queue_depth": "Item lists buffered between steps.",
+    "ray_address": "Ray cluster for the Ray runner (`auto`, `ray://head:10001`, `local`); "
+    "`$ZEPHON_RAY_ADDRESS` wins; unset: a private local Ray.",
+}
+
+EXECUTION_ONLY = {
+    "parallelism": "Workers for this operator's step (default: `execution.workers`).",
+    "microbatch_size": "Elements per `process_many` call (default: the operator's own, listed "
+    "with each operator). For `batch` it is the batch size and shapes the data.",
+    "placement": f"One of {_choices(PLACEMENTS)}: `remote` runs the operator's stage on Ray "
+    "(needs the `ray` extra).",
+}
+
+OPERATOR_PARAMS: dict[str, dict[str, str]] = {
+    "decode_text": {},
+    "tokenize": {
+        "tokenizer": "`byte` (built-in: UTF-8 bytes 0-255, BOS 256, EOS 257, PAD 258), a path "
+        "to a Hugging Face `tokenizer.json` (relative to the config file), or a hub id (needs "
+        "network).",
+        "add_bos": "Prepend the BOS token to every document.",
+        "add_eos": "Append the EOS token to every document.",
+        "max_length": "Split longer documents into pieces of at most this many tokens (each "
+        "piece is its own record). Unset: never split here.",
+    },
+    "map_transform": {
+        "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "
+        "to drop the record (tombstone `filtered`). Must be deterministic and importable "
+        "(set `PYTHONPATH`).",
+    },
+    "pack_sequences": {
+        "max_length": "Row capacity in tokens (the model's context length).",
+        "algorithm": f"One of {_choices(ALGORITHMS)}: first open bin that fits, tightest bin that "
+        "fits, or one bin cut at `max_length` (documents continue in the next row).",
+        "max_open_bins": "Open bins per lane; when more are needed the oldest is emitted.",
+        "min_useful_length": "A bin is emitted once its free room drops below this. Unset: "
+        "`max(1, max_length // 32)`.",
+        "oversized": f"One of {_choices(OVERSIZED_POLICIES)}: cut documents longer than "
+        "`max_length`, or drop them (tombstone `oversized`).",
+    },
+    "pack_flat": {
+        "max_length": "Row length in tokens; every row is padded to exactly this.",
+        "algorithm": "As for `pack_sequences`.",
+        "max_open_bins": "As for `pack_sequences`.",
+        "min_useful_length": "As for `pack_sequences`.",
+        "oversized": "As for `pack_sequences`.",
+        "pad_id": "Padding id for `input_ids`. Unset: the tokenizer's pad id.",
+    },
+    "ensure_mixture": {
+        "weights": "Dataset name to target weight. Unset: the datasets' `weight`s. Datasets "
+        "with weight 0 or left out pass through.",
+        "by": f"One of {_choices(MIXTURE_UNITS)}: what the shares count.",
+        "buffer_size": "Records buffered per lane while waiting for the most-owed dataset.",
+    },
+    "shuffle": {
+        "buffer_size": "Reservoir size (`streaming`) or block size (`block`, and the largest "
+        "block of `block_warmup`).",
+        "seed": "Combined with the pipeline `seed`.",
+        "algorithm": f"One of {_choices(SHUFFLE_ALGORITHMS)}: a per-lane reservoir, "
+        "shuffled blocks, or blocks that start small after every epoch boundary.",
+        "warmup_size": "First block size of `block_warmup`, doubling up to `buffer_size` after "
+        "each block and after each epoch boundary. Ignored by the other algorithms.",
+    },
+    "batch": {
+        "microbatch_size": "Rows per batch (the per-step batch size of one lane).",
+        "drop_last": "Never emit a partial batch: partial rows at the end of a lane become "
+        "tombstones (`dropped_last`). `false`: a lane's last batch may be short.",
+        "pad_id": "Padding id for `input_ids` when rows have different lengths. Unset: the "
+        "tokenizer's pad id.",
+    },
+}
+
+
+def _default(param: inspect.Parameter | Any) -> str:
+    value = param.default if isinstance(param, inspect.Parameter) else param
+    if value is inspect.Parameter.empty or value is dataclasses.MISSING:
+        return REQUIRED
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
+
+
+def _need(table: dict[str, str], key: str, where: str) -> str:
+    if key not in table:
+        raise SystemExit(
+            f"gen_config_reference: no description for {where} {key!r}; add one to "
+            "tools/gen_config_reference.py"
+        )
+    return table[key]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _first_line(obj: Any) -> str:
+    """The first docstring line, reST markup turned into Markdown."""
+    doc = inspect.getdoc(obj) or ""
+    line = doc.strip().splitlines()[0] if doc.strip() else ""
+    line = re.sub(r":\w+:`([^`]+)`", r"`\1`", line)
+    line = line.replace("``", "`").replace(" (see the module docstring)", "")
+    return line
+
+
+def top_level_section() -> list[str]:
+    sig = inspect.signature(Pipeline.__init__).parameters
+    out = [
+        "## Top-level keys",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    for key in TOP_LEVEL_KEYS:
+        if key in sig:
+            default = _default(sig[key])
+        elif key in ("datasets", "pipeline"):
+            default = REQUIRED
+        else:
+            default = "`{}` (all defaults)"
+        out.append(f"| `{key}` | {default} | {_cell(_need(TOP_LEVEL, key, 'top-level key'))} |")
+    return out
+
+
+def dataset_section() -> list[str]:
+    allowed = {
+        "on_error": ON_ERROR_POLICIES,
+        "exhaustion": EXHAUSTION_POLICIES,
+        "format": FORMATS,
+    }
+    out = [
+        "## `datasets[]`",
+        "",
+        "Each entry is a mapping. Supported shard files: "
+        + ", ".join(f"`{ext}`" for ext in EXTENSIONS)
+        + ".",
+        "",
+        "| key | type | default | allowed | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for f in dataclasses.fields(DatasetSpec):
+        values = ", ".join(f"`{v}`" for v in allowed.get(f.name, ()))
+        meaning = _cell(_need(DATASET, f.name, "dataset key"))
+        kind = _cell(f"`{f.type}`")
+        out.append(f"| `{f.name}` | {kind} | {_default(f.default)} | {values} | {meaning} |")
+    return out
+
+
+def execution_section() -> list[str]:
+    out = [
+        "## `execution`",
+        "",
+        "Pure performance settings: they are not part of the pipeline fingerprint, so a resume "
+        "may change every one of them. `zephon explain|dump|serve --runner R --workers N` "
+        "override `runner` and `workers`.",
+        "",
+        "| key | type | default | allowed | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for f in dataclasses.fields(ExecutionConfig):
+        values = ", ".join(f"`{v}`" for v in RUNNERS) if f.name == "runner" else ""
+        meaning = _cell(_need(EXECUTION, f.name, "execution key"))
+        kind = _cell(f"`{f.type}`")
+        out.append(f"| `{f.name}` | {kind} | {_default(f.default)} | {values} | {meaning} |")
+    return out
+
+
+def operators_section() -> list[str]:
+    out = [
+        "## `pipeline[]`: operators",
+        "",
+        "Each step is a one-key mapping, `- name: {parameters}` (or just `- name` when every "
+        "parameter has its default). `fetch` is implicit and always first; `decode_text` is "
+        "inserted when the chain does not start with it; the chain must end with `batch`. "
+        "Every operator parameter below shapes the data and is part of the pipeline "
+        "fingerprint, so a checkpoint only resumes with the same values.",
+        "",
+        "Every operator also accepts these execution-only parameters (not in the fingerprint, "
+        "except `batch.microbatch_size`):",
+        "",
+        "| parameter | default | meaning |",
+        "|---|---|---|",
+    ]
+    base = OPERATORS["decode_text"].accepted_params()
+    for name in EXECUTION_PARAMS:
+        meaning = _cell(_need(EXECUTION_ONLY, name, "execution-only parameter"))
+        out.append(f"| `{name}` | {_default(base[name])} | {meaning} |")
+    for op_name, cls in OPERATORS.items():
+        table = OPERATOR_PARAMS.get(op_name)
+        if table is None:
+            raise SystemExit(
+                f"gen_config_reference: no entry for operator {op_name!r}; add it to "
+                "OPERATOR_PARAMS in tools/gen_config_reference.py"
+            )
+        params = {
+            k: p
+            for k, p in cls.accepted_params().items()
+            if k != "kwargs" and (k not in EXECUTION_PARAMS or k in table)
+        }
+        out += ["", f"### `{op_name}`", "", _first_line(cls), ""]
+        mb = params.get("microbatch_size")
+        if mb is None or mb.default is None:
+            out.append(f"Default micro-batch: {cls.default_microbatch_size} elements.")
+            out.append("")
+        if not params:
+            out.append("No parameters of its own.")
+            continue
+        out += ["| parameter | type | default | meaning |", "|---|---|---|---|"]
+        for key, param in params.items():
+            meaning = _cell(_need(table, key, f"{op_name} parameter"))
+            annotation = param.annotation
+            kind = _cell(f"`{annotation}`") if annotation is not inspect.Parameter.empty else ""
+            out.append(f"| `{key}` | {kind} | {_default(param)} | {meaning} |")
+    return out
+
+
+def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [
+        a
+        for a in parser._actions
+        if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)
+    ]
+
+
+CLI_HELP = {
+    "--format": "`text`: one line per batch; `json`: tensors and row sources; `digest`: "
+    "`<lane> <seq> <chain digest>`",
+    "--lane": "the lane to print",
+    "--count": "batches to print",
+    "--start-seq": "first seq to print",
+}
+
+
+def cli_section() -> list[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = [
+        "## Command line",
+        "",
+        "`zephon [-v] COMMAND ...` (`-v`: debug logging). Errors print `zephon: error: ...` and "
+        "exit with status 2.",
+    ]
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    for command, p in sub.choices.items():
+        summary = helps.get(command) or ""
+        out += ["", f"### `zephon {command}`", "", f"{summary[:1].upper()}{summary[1:]}.", ""]
+        out += ["| flag | default | meaning |", "|---|---|---|"]
+        for action in _actions(p):
+            flags = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.dest}`"
+            if action.choices:
+                flags += " (" + ", ".join(f"`{c}`" for c in action.choices) + ")"
+            if action.required:
+                default = REQUIRED
+            elif isinstance(action, argparse._StoreTrueAction) or action.default is None:
+                default = ""
+            else:
+                default = f"`{action.default}`"
+            meaning = action.help or _need(CLI_HELP, action.option_strings[0], "flag")
+            out.append(f"| {flags} | {default} | {_cell(meaning)} |")
+    return out
+
+
+def generate() -> str:
+    """The whole page."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated by tools/gen_config_reference.py from the code. Do not edit: run "
+        "`python tools/gen_config_reference.py`. -->",
+        "",
+        "Everything a pipeline YAML file accepts, with defaults, generated from the code. "
+        "[Writing pipelines](pipelines.md) explains how to use it. The same names work in "
+        "Python: `Pipeline(datasets, seed=..., lanes=...)`, `DatasetSpec(name, path, weight, "
+        "...)`, `pipeline.<operator>(**parameters)` and `ExecutionConfig(...)`.",
+        "",
+        *top_level_section(),
+        "",
+        *dataset_section(),
+        "",
+        *operators_section(),
+        "",
+        *execution_section(),
+        "",
+        *cli_section(),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page is outdated")
+    args = parser.parse_args()
+    text = generate()
+    if args.check:
+        if OUTPUT.read_text() != text:
+            print(f"{OUTPUT} is out of date: run python tools/gen_config_reference.py")
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    print(f"wrote {OUTPUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
