@@ -1,0 +1,704 @@
+"""``make bench``: Zephon's throughput, latency and memory figures, as ratios taken in one run.
+
+``python -m bench.run [--docs 200000] [--token-budget 16e6] [--repeat 2] [--quick]`` generates
+(or reuses) a corpus, trains a BPE tokenizer on it, then measures, interleaving configurations
+so that machine noise spreads over all of them:
+
+* tokenizer-only tokens/s on the texts of the fixed work with 1 and 2 threads (the ceiling);
+* the engine in-process: inline, threads x1/x2, processes x1/x2;
+* the service over loopback gRPC (threads x2 server) with one and with two client ranks;
+* time to first batch, RSS over a long run, checkpoint size per lane and latency (engine and
+  Checkpoint RPC), resume-to-first-batch latency and records replayed.
+
+Results: ``bench/results/bench.json`` (everything, every run), ``docs/benchmarks.md`` and
+``docs/benchmarks.png`` (via :mod:`bench.report`). The benchmark asserts nothing; it reports
+each figure against its target. See :mod:`bench.workload` for the fixed unit of work,
+:mod:`bench.measure` and :mod:`bench.service` for how each figure is taken.
+
+Extending: :data:`THROUGHPUT_CASES` is the list of throughput measurements and
+:data:`RATIOS` the ratios reported between them. A Ray row is one line each::
+
+    THROUGHPUT_CASES.append(engine_case("ray", 2))
+    RATIOS.append(Ratio("ray_overhead", "Ray x2 / threads x2", "engine_ray_2", "engine_threads_2"))
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import report
+from .common import RESULTS
+from .service import checkpoint_rpc, service_throughput, spawn, stop, tail
+from .workload import MAX_LENGTH, TOKENIZER_SAMPLE, VOCAB_SIZE, Workload, prepare
+
+log = logging.getLogger("bench")
+KiB = 1024
+
+
+# -- cases ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One throughput configuration: ``measure(work, run_dir)`` returns a dict with ``rate``
+    (tokens/s), ``tokens``, ``seconds`` and whatever else it knows (``cores``, ``ttfb``...)."""
+
+    key: str
+    label: str
+    short: str  # chart label
+    group: str  # "tokenizer", "engine" or "service"
+    measure: Callable[[Workload, Path], dict[str, Any]]
+
+
+def measure_child(kind: str, work: Workload, run_dir: Path, *extra: str) -> dict[str, Any]:
+    """Run ``python -m bench.measure kind`` in a fresh process; its JSON result."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "result.json"
+    out.unlink(missing_ok=True)
+    args = ["-m", "bench.measure", kind, "--workload", str(Path(work.work_dir) / "workload.json")]
+    proc = spawn([*args, "--out", str(out), *extra], run_dir / "child.log")
+    try:
+        code = proc.wait(timeout=4 * 3600)
+    finally:
+        stop(proc, 10)
+    if code != 0 or not out.exists():
+        output = tail(run_dir / "child.log")
+        raise RuntimeError(f"bench.measure {kind} {extra} failed ({code}):\n{output}")
+    return json.loads(out.read_text())
+
+
+def tokenizer_case(threads: int) -> Case:
+    noun = "thread" if threads == 1 else "threads"
+    return Case(
+        f"tokenizer_{threads}",
+        f"tokenizer only, {threads} {noun}",
+        f"tokenizer x{threads}",
+        "tokenizer",
+        lambda work, d: measure_child("tokenizer", work, d, "--threads", str(threads)),
+    )
+
+
+def engine_case(runner: str, workers: int) -> Case:
+    label = "inline" if runner == "inline" else f"{runner} x{workers}"
+    return Case(
+        f"engine_{runner}_{workers}",
+        f"engine in-process, {label}",
+        label,
+        "engine",
+        lambda work, d: measure_child(
+            "engine", work, d, "--runner", runner, "--workers", str(workers)
+        ),
+    )
+
+
+def service_case(ranks: int) -> Case:
+    noun = "rank" if ranks == 1 else "ranks"
+    return Case(
+        f"service_{ranks}",
+        f"service over loopback gRPC, {ranks} client {noun}",
+        f"service, {ranks} {noun}",
+        "service",
+        lambda work, d: service_throughput(work, ranks, d),
+    )
+
+
+THROUGHPUT_CASES: list[Case] = [
+    tokenizer_case(1),
+    tokenizer_case(2),
+    engine_case("inline", 1),
+    engine_case("threads", 1),
+    engine_case("threads", 2),
+    engine_case("processes", 1),
+    engine_case("processes", 2),
+    service_case(1),
+    service_case(2),
+]
+"""The throughput measurements, in table order (a hook: append e.g. ``engine_case("ray", 2)``)."""
+
+
+@dataclass
+class Ratio:
+    """``numerator / denominator`` of two cases' rates; ``target`` (a minimum) if any."""
+
+    key: str
+    label: str
+    numerator: str
+    denominator: str
+    target: float | None = None
+    target_text: str = ""
+    style: str = "x"  # "x": 0.93 ; "below": 0.93 (7% below) ; "times": 1.85x
+    note: str = ""
+    field: str = "rate"  # "rate" (whole run) or "steady_rate" (middle half, if valid)
+
+
+RATIOS: list[Ratio] = [
+    Ratio(
+        "service_vs_tokenizer",
+        "service end-to-end (1 rank) / tokenizer-only, 2 threads",
+        "service_1",
+        "tokenizer_2",
+        0.90,
+        "≥ 0.90",
+    ),
+    Ratio(
+        "service2_vs_tokenizer",
+        "service end-to-end (2 ranks) / tokenizer-only, 2 threads",
+        "service_2",
+        "tokenizer_2",
+        0.90,
+        "≥ 0.90",
+    ),
+    Ratio(
+        "grpc_delivery",
+        "gRPC delivery: service (1 rank) / in-process threads x2, same pipeline",
+        "service_1",
+        "engine_threads_2",
+        0.95,
+        "≤ 5% below",
+        style="below",
+    ),
+    Ratio(
+        "processes_scaling",
+        "processes runner, 1 → 2 workers (steady state)",
+        "engine_processes_2",
+        "engine_processes_1",
+        1.7,
+        "≥ 1.7x",
+        style="times",
+        field="steady_rate",
+    ),
+    Ratio(
+        "processes_scaling_whole",
+        "processes runner, 1 → 2 workers (whole run, worker start-up included)",
+        "engine_processes_2",
+        "engine_processes_1",
+        style="times",
+    ),
+    Ratio(
+        "engine_vs_tokenizer",
+        "engine in-process threads x2 / tokenizer-only, 2 threads",
+        "engine_threads_2",
+        "tokenizer_2",
+    ),
+    Ratio(
+        "inline_vs_tokenizer1",
+        "engine inline / tokenizer-only, 1 thread (single-core efficiency)",
+        "engine_inline_1",
+        "tokenizer_1",
+    ),
+    Ratio(
+        "threads_scaling",
+        "threads runner, 1 → 2 workers (steady state)",
+        "engine_threads_2",
+        "engine_threads_1",
+        style="times",
+        field="steady_rate",
+    ),
+    Ratio(
+        "tokenizer_scaling",
+        "tokenizer-only, 1 → 2 threads (this machine's own scaling)",
+        "tokenizer_2",
+        "tokenizer_1",
+        style="times",
+    ),
+    Ratio(
+        "service_ranks",
+        "service, 2 ranks / 1 rank",
+        "service_2",
+        "service_1",
+        style="times",
+    ),
+]
+"""The ratios reported (a hook, like :data:`THROUGHPUT_CASES`)."""
+
+
+def steady_valid(work: Workload) -> bool:
+    """Whether the fixed work is long enough for a steady-state window (see measure.steady_rate):
+    a lane's shuffle reservoir (drained at the lane's end) holds at most 15% of its rows."""
+    rows_per_lane = work.chunks_per_lane * work.chunk_size * work.tokens_per_doc / MAX_LENGTH
+    return work.shuffle_buffer <= 0.15 * rows_per_lane
+
+
+def interleave(cases: list[Case], reverse: bool) -> list[Case]:
+    """Round-robin over the groups (tokenizer, engine, service) so no kind runs all at once."""
+    groups: dict[str, list[Case]] = {}
+    for case in cases:
+        groups.setdefault(case.group, []).append(case)
+    order: list[Case] = []
+    while any(groups.values()):
+        for members in groups.values():
+            if members:
+                order.append(members.pop(0))
+    return order[::-1] if reverse else order
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+
+def _best_value(runs: list[dict[str, Any]] | None, field: str) -> float | None:
+    values = [r[field] for r in runs or () if r.get(field)]
+    return max(values) if values else None
+
+
+def _ratio_row(
+    r: Ratio, runs: dict[str, list[dict[str, Any]]], steady_valid: bool
+) -> dict[str, Any]:
+    field, label = r.field, r.label
+    if field == "steady_rate" and not steady_valid:
+        field, label = "rate", label.replace("(steady state)", "(whole run: too short for steady)")
+    num = _best_value(runs.get(r.numerator), field)
+    den = _best_value(runs.get(r.denominator), field)
+    row: dict[str, Any] = {
+        "key": r.key,
+        "label": label,
+        "numerator": r.numerator,
+        "denominator": r.denominator,
+        "target": r.target,
+        "target_text": r.target_text,
+        "note": r.note,
+        "field": field,
+        "value": None,
+        "shown": "—",
+    }
+    if not num or not den:
+        return row
+    value = num / den
+    row["value"] = value
+    if r.style == "below":
+        side = "below" if value <= 1 else "above"
+        row["shown"] = f"{value:.2f} ({abs(1 - value) * 100:.1f}% {side})"
+    elif r.style == "times":
+        row["shown"] = f"{value:.2f}x"
+    else:
+        row["shown"] = f"{value:.2f}"
+    if r.target is not None:
+        # "x% below" targets are judged in percentage points.
+        row["ok"], row["verdict"] = report.verdict(value, r.target, ">=", points=r.style == "below")
+    return row
+
+
+def _figure(
+    key: str,
+    label: str,
+    value: float,
+    shown: str,
+    target: float | None = None,
+    kind: str = "<=",
+    target_text: str = "",
+    note: str = "",
+    points: bool = False,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "key": key,
+        "label": label,
+        "value": value,
+        "shown": shown,
+        "target": target,
+        "target_text": target_text,
+        "note": note,
+    }
+    if target is not None:
+        row["ok"], row["verdict"] = report.verdict(value, target, kind, points)
+    return row
+
+
+def figures(
+    best: dict[str, dict[str, Any]],
+    runs: dict[str, list[dict[str, Any]]],
+    long: dict[str, Any] | None,
+    resume: dict[str, Any] | None,
+    rpc: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The latency, memory and checkpoint figures."""
+    mb = 1024 * 1024
+    out = []
+    for key, what in (("engine_threads_2", "threads x2"), ("engine_processes_2", "processes x2")):
+        if runs.get(key):
+            ttfb = min(r["ttfb"] for r in runs[key])
+            out.append(
+                _figure(
+                    f"ttfb_{key}",
+                    f"time to first batch, in-process {what}",
+                    ttfb,
+                    report._s(ttfb),
+                    note="from constructing the run (plan compiled) to its first batch",
+                )
+            )
+    if runs.get("service_1"):
+        r = min(runs["service_1"], key=lambda r: r["ttfb"])
+        out.append(
+            _figure(
+                "ttfb_service",
+                "time to first batch via the service (server process start → client)",
+                r["ttfb"],
+                report._s(r["ttfb"]),
+                note="server start-up (imports, dataset indexing, plan) "
+                f"{report._s(r['server_start'])}, then "
+                f"{report._s(r['ttfb_from_run_start'])} to the first batch",
+            )
+        )
+    if long:
+        out.append(
+            _figure(
+                "rss_growth",
+                "RSS growth after warm-up (long run, threads x2)",
+                long["growth"],
+                f"{long['growth'] * 100:+.1f}% ({long['rss_warm'] / mb:.0f} → "
+                f"{long['rss_end'] / mb:.0f} MB)",
+                0.10,
+                "<",
+                "< 10%",
+                points=True,
+            )
+        )
+        out.append(
+            _figure(
+                "rss_peak",
+                "peak RSS (long run, in-process threads x2, consumer included)",
+                long["rss_peak"],
+                f"{long['rss_peak'] / mb:.0f} MB",
+                note=f"{long['batches']} batches, {long['tokens'] / 1e6:.1f} M tokens in "
+                f"{long['seconds']:.0f} s; largest RSS after warm-up "
+                f"{long['rss_max_after_warm'] / mb:.0f} MB ({long['growth_max'] * 100:+.1f}%)",
+            )
+        )
+    if runs.get("service_1"):
+        peak = max(r["server_rss_peak"] for r in runs["service_1"])
+        out.append(
+            _figure(
+                "server_rss_peak",
+                "server peak RSS (service run)",
+                peak,
+                f"{peak / mb:.0f} MB",
+                note="sampled every 100 ms",
+            )
+        )
+    if resume:
+        out.append(
+            _figure(
+                "checkpoint_engine",
+                "checkpoint size per lane (PipelineRun.checkpoint().encode())",
+                resume["checkpoint_bytes_per_lane"],
+                f"{resume['checkpoint_bytes_per_lane']:.0f} B",
+                KiB,
+                "<=",
+                "≤ 1 KiB",
+            )
+        )
+    if rpc:
+        out.append(
+            _figure(
+                "checkpoint_rpc",
+                "checkpoint size per lane (Checkpoint RPC)",
+                rpc["checkpoint_bytes_per_lane"],
+                f"{rpc['checkpoint_bytes_per_lane']:.0f} B",
+                KiB,
+                "<=",
+                "≤ 1 KiB",
+            )
+        )
+    if resume:
+        out.append(
+            _figure(
+                "resume_ttfb",
+                f"resume to first batch ({resume['lanes']} lanes, {resume['k']} chunks of "
+                f"{resume['chunk_size']} documents per epoch, checkpoint mid-epoch)",
+                resume["resume_ttfb"],
+                report._s(resume["resume_ttfb"]),
+                1.0,
+                "<=",
+                "≤ 1 s",
+            )
+        )
+    if rpc:
+        out.append(
+            _figure(
+                "checkpoint_latency_rpc",
+                "checkpoint latency, Checkpoint RPC round trip (median of 10)",
+                rpc["latency_median"],
+                report._s(rpc["latency_median"]),
+                note=f"persisted atomically in the state directory; slowest "
+                f"{report._s(rpc['latency_max'])}",
+            )
+        )
+    if resume:
+        out.append(
+            _figure(
+                "checkpoint_latency_engine",
+                "checkpoint latency in-process, checkpoint() + encode() (median of 10)",
+                resume["checkpoint_latency"],
+                report._s(resume["checkpoint_latency"]),
+            )
+        )
+        out.append(
+            _figure(
+                "records_replayed",
+                "records replayed on resume (packed rows dropped by the replay filter)",
+                resume["replayed"],
+                f"{resume['replayed']} ({resume['lanes']} lanes); "
+                f"{resume['replayed_one_lane']} (one lane)",
+                note=f"bounded by {resume['k']} chunks per lane; "
+                f"{'exact' if resume['exact'] else 'NOT exact'}: each lane resumed at its "
+                "checkpointed seq",
+            )
+        )
+        out.append(
+            _figure(
+                "resume_every_lane",
+                "resume until every lane delivered a batch",
+                resume["resume_every_lane"],
+                report._s(resume["resume_every_lane"]),
+            )
+        )
+        out.append(
+            _figure(
+                "resume_one_lane",
+                "resume to first batch, one lane only",
+                resume["resume_ttfb_one_lane"],
+                report._s(resume["resume_ttfb_one_lane"]),
+            )
+        )
+        out.append(
+            _figure(
+                "fresh_ttfb_resume_geometry",
+                "fresh start to first batch, same geometry (for comparison)",
+                resume["fresh_ttfb"],
+                report._s(resume["fresh_ttfb"]),
+            )
+        )
+    return out
+
+
+# -- machine ----------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        memory = psutil.virtual_memory().total / 1e9
+    except ImportError:  # pragma: no cover - the bench extra is missing
+        memory = 0.0
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable = os.cpu_count() or 1
+    return {
+        "cores": usable,
+        "cpu_count": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gb": memory,
+        "os": platform.platform(terse=True),
+        "python": platform.python_version(),
+        "load_before": list(os.getloadavg()),
+    }
+
+
+def command_line(argv: list[str]) -> str:
+    if os.environ.get("MAKELEVEL"):
+        extra = os.environ.get("BENCH_ARGS", "").strip()
+        return "make bench" + (f" BENCH_ARGS={shlex.quote(extra)}" if extra else "")
+    return shlex.join(["python", "-m", "bench.run", *argv])
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def method(work: Workload, repeat: int) -> list[str]:
+    return [
+        f"Each throughput row runs in a fresh process and delivers the same fixed work, the "
+        f"first {work.chunks_per_lane} chunks of every lane (`PipelineRun(max_chunks_per_lane="
+        f"{work.chunks_per_lane})`); the run ends when every lane has ended, so shuffle "
+        "reservoirs, runner queues and the server's lookahead drain into the measurement. "
+        "Tokens are non-padding tokens (`padding_mask`), EOS included.",
+        "Time runs from constructing the run (the plan is compiled beforehand) to the last "
+        "batch, so start-up (tokenizer load, worker spawn) is included; time to first batch is "
+        "reported separately.",
+        "Tokenizer-only: the texts of exactly the fixed work's documents, in the engine's order, "
+        "encoded in calls of 64 texts by 1 or 2 Python threads (`TOKENIZERS_PARALLELISM=false`, "
+        "as in the engine).",
+        "Service: `zephon serve` (threads x2, default flow control) on 127.0.0.1 with the same "
+        "YAML and the same per-lane limit (`python -m bench.service serve`, which only passes "
+        "`max_chunks_per_lane` to the hub's run); client processes using `zephon_client."
+        "DataClient` (digests verified) start before the server and read every batch; time "
+        "from the hub's run construction to the last batch at any client. Two ranks = two "
+        "client processes with four lanes each.",
+        f"Every configuration is measured {repeat} times, interleaved (round-robin over "
+        "tokenizer / engine / service, the second round in reverse order); the best run is "
+        "kept and the spread between runs is shown.",
+        "Scaling ratios (1 → 2 workers) use the steady-state rate: the tokens delivered "
+        "between 25% and 75% of the run's tokens over the time they took, which leaves out "
+        "start-up (worker spawn, pipeline fill: see time to first batch) and the lane-end "
+        "drain; the finished work held in buffers (shuffle reservoirs, queues) is about the "
+        "same at both ends of that window, so it cancels. It needs a run long against the "
+        "shuffle reservoir (at most 15% of a lane's rows); a shorter run (`--quick`) falls back "
+        "to whole-run rates. The whole-run ratio is shown too.",
+        "Every figure is a ratio of two measurements taken in the same `make bench` run; "
+        "tokens/s = CPU cores kept busy ÷ CPU seconds per token, and both factors are shown "
+        "so a busy machine (fewer cores available) can be told from extra work per token.",
+        "Long run: one pass over the whole corpus in-process (threads x2), RSS read after "
+        "every batch; warm-up = the first 20% of the batches; growth = end vs. warm-up.",
+        f"Resume: chunks of {work.resume_chunk_size} documents, k = {work.resume_k}; a run is "
+        "consumed until every lane has delivered rows from the middle of its first epoch, "
+        "checkpointed (all produced batches), closed, and a new `PipelineRun(plan, resume="
+        "state)` is timed to its first batch; `stats()['replayed']` counts the packed rows the "
+        "replay filter dropped. Checkpoint RPC: `zephon serve` with a state directory, 8 "
+        "batches read per lane, then 10 `Checkpoint` calls.",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--docs", type=int, default=200_000, help="corpus size (documents)")
+    parser.add_argument("--mean-words", type=int, default=250, help="mean words per document")
+    parser.add_argument(
+        "--token-budget", type=float, default=16e6, help="tokens of the fixed work (about)"
+    )
+    parser.add_argument("--repeat", type=int, default=2, help="runs per configuration (best)")
+    parser.add_argument("--shuffle-buffer", type=int, default=64, help="shuffle reservoir rows")
+    parser.add_argument("--chunk-size", type=int, default=256)
+    parser.add_argument("--k", type=int, default=8, help="flush_every_k_chunks")
+    parser.add_argument("--resume-chunk-size", type=int, default=1024)
+    parser.add_argument("--resume-k", type=int, default=8)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small and fast: 9000 documents, 1.5M-token work, resume chunks of 128",
+    )
+    parser.add_argument("--only", default="", help="comma-separated case keys (debugging)")
+    parser.add_argument("--md", default=str(report.DOCS / "benchmarks.md"))
+    parser.add_argument("--png", default=str(report.DOCS / "benchmarks.png"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.docs = min(args.docs, 9000)
+        args.token_budget = min(args.token_budget, 1.5e6)
+        args.resume_chunk_size = min(args.resume_chunk_size, 128)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # SIGTERM unwinds like Ctrl-C, so every child process is stopped by the finally blocks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    started = time.time()
+    mach = machine()
+    work_dir = RESULTS / "run"
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    log.info("preparing the workload (%d documents)", args.docs)
+    work = prepare(
+        docs=args.docs,
+        mean_words=args.mean_words,
+        token_budget=args.token_budget,
+        chunk_size=args.chunk_size,
+        k=args.k,
+        shuffle_buffer=args.shuffle_buffer,
+        resume_chunk_size=args.resume_chunk_size,
+        resume_k=args.resume_k,
+        work_dir=work_dir,
+    )
+    (work_dir / "workload.json").write_text(work.to_json())
+    log.info(
+        "fixed work: %d chunks per lane, %d documents, ~%.1f M tokens",
+        work.chunks_per_lane,
+        work.fixed_docs,
+        work.fixed_docs * work.tokens_per_doc / 1e6,
+    )
+
+    cases = THROUGHPUT_CASES
+    if args.only:
+        wanted = set(args.only.split(","))
+        cases = [c for c in cases if c.key in wanted]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(args.repeat):
+        for case in interleave(cases, reverse=rep % 2 == 1):
+            log.info("round %d: %s", rep + 1, case.label)
+            result = case.measure(work, work_dir / f"{case.key}-{rep}")
+            log.info(
+                "  %.3f Mtokens/s (steady %.3f; %d tokens in %.2f s)",
+                result["rate"] / 1e6,
+                result.get("steady_rate", 0) / 1e6,
+                result["tokens"],
+                result["seconds"],
+            )
+            runs.setdefault(case.key, []).append(result)
+    best = {key: max(rs, key=lambda r: r["rate"]) for key, rs in runs.items()}
+
+    long = res = rpc = None
+    if not args.only:
+        log.info("long run (RSS)")
+        long = measure_child("long", work, work_dir / "long")
+        log.info("checkpoint and resume")
+        res = measure_child("resume", work, work_dir / "resume")
+        log.info("Checkpoint RPC")
+        rpc = checkpoint_rpc(work, work_dir / "checkpoint-rpc")
+
+    mach["load_after"] = list(os.getloadavg())
+    fixed_tokens = best[cases[0].key]["tokens"] if cases else 0
+    if "engine_threads_2" in best:
+        fixed_tokens = best["engine_threads_2"]["tokens"]
+    workload = asdict(work)
+    workload.update(
+        fixed_docs=work.fixed_docs, vocab_size=VOCAB_SIZE, tokenizer_sample=TOKENIZER_SAMPLE
+    )
+    results: dict[str, Any] = {
+        "command": command_line(argv),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "duration_s": round(time.time() - started),
+        "machine": mach,
+        "workload": workload,
+        "repeat": args.repeat,
+        "fixed_tokens": fixed_tokens,
+        "cases": [
+            {"key": c.key, "label": c.label, "short": c.short, "group": c.group} for c in cases
+        ],
+        "runs": runs,
+        "best": best,
+        "steady_valid": steady_valid(work),
+        "ratios": [_ratio_row(r, runs, steady_valid(work)) for r in RATIOS],
+        "figures": figures(best, runs, long, res, rpc),
+        "long": long,
+        "resume": res,
+        "checkpoint_rpc": rpc,
+        "method": method(work, args.repeat),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench.json").write_text(json.dumps(results, indent=1) + "\n")
+    report.write(results, Path(args.md), Path(args.png))
+    print()
+    print(report.throughput_table(results))
+    print()
+    print(report.targets_table(results))
+    print(f"\nwrote {RESULTS / 'bench.json'}, {args.md}, {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except subprocess.SubprocessError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        sys.exit(1)
