@@ -6,7 +6,7 @@ STAMP := .install.stamp
 .PHONY: install run test lint typecheck pytest bench proto docker clean
 
 $(STAMP): pyproject.toml
-	$(PIP) install --quiet --disable-pip-version-check -e '.[server,dev]'
+	$(PIP) install --quiet --disable-pip-version-check -e '.[server,dev,ray]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -32,8 +32,13 @@ test: lint pytest
 proto: install
 	$(PYTHON) tools/gen_proto.py
 
+# Generates docs/benchmarks.md, docs/benchmarks.png and bench/results/bench.json; needs the
+# bench extra (matplotlib, psutil). BENCH_ARGS passes options, e.g. BENCH_ARGS=--quick.
 bench: install
-	$(PYTHON) -m bench.tokenize_bench
+	@test bench/results/.bench-install.stamp -nt pyproject.toml || { \
+		$(PIP) install --quiet --disable-pip-version-check -e '.[server,dev,bench]' && \
+		mkdir -p bench/results && touch bench/results/.bench-install.stamp; }
+	$(PYTHON) -m bench.run $(BENCH_ARGS)
 
 docker:
 	bash tools/install-system-deps.sh

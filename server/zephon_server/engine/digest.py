@@ -47,9 +47,9 @@ def content_digest(tensors: Mapping[str, np.ndarray]) -> bytes:
         )
         _field(h, ",".join(str(d) for d in arr.shape).encode())
         # Hash the array's buffer in place (no copy); same bytes as tobytes().
-        raw = arr.reshape(-1).view(np.uint8) if arr.size else b""
         h.update(struct.pack("<Q", arr.nbytes))
-        h.update(raw)
+        if arr.size:
+            h.update(memoryview(arr.reshape(-1).view(np.uint8)))
     return h.digest()
 
 

@@ -16,6 +16,8 @@ class ExecutionConfig:
 
     ``deterministic=False`` forwards results in completion order and allows latency flushes:
     every record is still delivered exactly once, but the order may vary between runs.
+    ``ray_address`` is the Ray cluster of the Ray runner (``$ZEPHON_RAY_ADDRESS`` wins; unset:
+    a private local Ray; see :mod:`.runners.ray`).
     """
 
     runner: str = "threads"
@@ -23,6 +25,7 @@ class ExecutionConfig:
     deterministic: bool = True
     fuse: bool = True
     queue_depth: int = 4
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -33,6 +36,13 @@ class ExecutionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"execution.{name}: must be an integer >= 1, got {value!r}")
+        if self.ray_address is not None and (
+            not isinstance(self.ray_address, str) or not self.ray_address
+        ):
+            raise ConfigError(
+                "execution.ray_address: must be a Ray address such as 'auto', "
+                f"'ray://head:10001' or 'local', got {self.ray_address!r}"
+            )
         for name in ("deterministic", "fuse"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(

@@ -9,9 +9,9 @@
   they run in the same worker call, grouped by the first operator's accumulator. This does
   not change data, because their grouping is stateless.
 * Runner per stage: ``placement="remote"`` stages use Ray; stages of stateful or batching
-  operators run on threads when the configured runner is ``processes`` (their workers do
-  little, so shipping records to processes would only cost); everything else uses the
-  configured runner.
+  operators run on threads when the configured runner is ``processes`` or ``ray`` (their
+  workers do little, so shipping records elsewhere would only cost); everything else,
+  including the map-like stages under ``runner: ray``, uses the configured runner.
 """
 
 from __future__ import annotations
@@ -103,6 +103,11 @@ def _check_chain(ops: list[Operator]) -> list[Operator]:
     for op in ops[:-1]:
         if isinstance(op, Batch):
             raise ConfigError("pipeline: 'batch' may appear only once, as the last operator")
+    if not any(isinstance(op, Tokenize) for op in ops):
+        raise ConfigError(
+            "pipeline: batches are built from token ids, but there is no 'tokenize' step; "
+            "add e.g. '- tokenize: {tokenizer: byte}' before 'batch'"
+        )
     if not ops or not isinstance(ops[0], DecodeText):
         ops = [DecodeText(), *ops]
     return [Fetch(), *ops[:-1], ReplayFilter(), ops[-1]]
@@ -167,7 +172,5 @@ def _runner_for(group: list[Operator], execution: ExecutionConfig) -> str:
     if group[0].placement == "remote":
         return "ray"
     if execution.runner in ("processes", "ray") and not group[0].traits().fusable:
-        return "threads"
-    if execution.runner == "ray":
         return "threads"
     return execution.runner
