@@ -49,7 +49,7 @@ def content_digest(tensors: Mapping[str, np.ndarray]) -> bytes:
         # Hash the array's buffer in place (no copy); same bytes as tobytes().
         h.update(struct.pack("<Q", arr.nbytes))
         if arr.size:
-            h.update(memoryview(arr.reshape(-1).view(np.uint8)))
+            h.update(arr.reshape(-1).view(np.uint8).data)
     return h.digest()
 
 
