@@ -7,6 +7,9 @@ STAMP := .install.stamp
 
 $(STAMP): pyproject.toml
 	$(PIP) install --quiet --disable-pip-version-check -e '.[server,dev,ray]'
+	# The optional PyTorch adapter is tested too: the CPU build pinned here is the one these
+	# machines carry locally (an unpinned torch would pull a multi-GB CUDA build).
+	$(PIP) install --quiet --disable-pip-version-check 'torch==2.13.0'
 	@touch $(STAMP)
 
 install: $(STAMP)

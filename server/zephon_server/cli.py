@@ -213,8 +213,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
     from zephon_client.tail import tail
 
     try:
-        tail(args.address, args.lane, args.count, start_seq=args.start_seq,
-             decode=not args.no_decode)
+        tail(
+            args.address, args.lane, args.count, start_seq=args.start_seq, decode=not args.no_decode
+        )
     except ZephonClientError as exc:
         print(f"zephon tail: {exc}", file=sys.stderr)
         return 2

@@ -87,7 +87,8 @@ def parse_config(
         params = _resolve_paths(name, params, base_dir)
         accepted = OPERATORS[name].accepted_params()
         missing = sorted(
-            n for n, prm in accepted.items()
+            n
+            for n, prm in accepted.items()
             if prm.default is prm.empty and prm.kind is prm.KEYWORD_ONLY and n not in params
         )
         if missing:
