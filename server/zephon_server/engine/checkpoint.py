@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import struct
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ZephonError
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"ZEPHONCK"
 FORMAT_VERSION = 1
@@ -70,14 +73,44 @@ class LaneState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaneState:
+        """Parse one lane's state; ``ValueError`` naming the field, expected and found."""
+        if not isinstance(data, dict):
+            raise ValueError(f"lane state: expected an object, found {_kind(data)}")
         cursor = data["replay_cursor"]
+        if cursor is not None and not (
+            isinstance(cursor, list) and all(_is_count(c) for c in cursor)
+        ):
+            raise ValueError(
+                f"replay_cursor: expected null or a list of integers >= 0, found {cursor!r:.80}"
+            )
+        work_source = data["work_source"]
+        if work_source is not None and not isinstance(work_source, dict):
+            raise ValueError(f"work_source: expected null or an object, found {_kind(work_source)}")
+        chain = data["chain"]
+        if not isinstance(chain, str) or len(chain) != 64:
+            raise ValueError(f"chain: expected 64 hex digits, found {chain!r:.80}")
         return cls(
-            next_seq=int(data["next_seq"]),
-            boundary_chunk=int(data["boundary_chunk"]),
-            work_source=data["work_source"],
-            replay_cursor=tuple(int(c) for c in cursor) if cursor is not None else None,
-            chain=bytes.fromhex(data["chain"]),
+            next_seq=_count(data, "next_seq"),
+            boundary_chunk=_count(data, "boundary_chunk"),
+            work_source=work_source,
+            replay_cursor=tuple(cursor) if cursor is not None else None,
+            chain=bytes.fromhex(chain),
         )
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _count(data: dict[str, Any], key: str) -> int:
+    value = data[key]
+    if not _is_count(value):
+        raise ValueError(f"{key}: expected an integer >= 0, found {value!r:.80}")
+    return int(value)
 
 
 @dataclass
@@ -129,18 +162,37 @@ class ResumeState:
                 f"{FORMAT_VERSION}; resume it with a newer Zephon"
             )
         payload = data[_HEADER.size :]
-        if hashlib.sha256(payload).digest() != checksum:
+        found = hashlib.sha256(payload).digest()
+        if found != checksum:
             raise CorruptCheckpoint(
                 "checkpoint checksum mismatch: the file is truncated or corrupted "
-                f"({len(payload)} payload bytes); use another checkpoint"
+                f"(expected sha256 {checksum.hex()[:16]}..., found {found.hex()[:16]}... over "
+                f"{len(payload)} payload bytes); use another checkpoint"
+            )
+        if version < 1:
+            raise CorruptCheckpoint(
+                f"checkpoint header is corrupt: format version {version}, expected "
+                f"1..{FORMAT_VERSION}"
             )
         try:
             doc = json.loads(payload)
+            if not isinstance(doc, dict):
+                raise ValueError(f"expected a JSON object, found {_kind(doc)}")
+            num_lanes = _count(doc, "num_lanes")
+            lanes = {}
+            for key, value in dict(doc["lanes"]).items():
+                lane = int(key)
+                if not 0 <= lane < num_lanes:
+                    raise ValueError(f"lane {lane}: expected a lane in 0..{num_lanes - 1}")
+                lanes[lane] = LaneState.from_json(value)
+            fingerprint = doc["fingerprint"]
+            if not isinstance(fingerprint, str):
+                raise ValueError(f"fingerprint: expected a string, found {_kind(fingerprint)}")
             return cls(
-                fingerprint=doc["fingerprint"],
-                components=dict(doc["components"]),
-                lanes={int(k): LaneState.from_json(v) for k, v in doc["lanes"].items()},
-                num_lanes=int(doc["num_lanes"]),
+                fingerprint=fingerprint,
+                components={str(k): str(v) for k, v in dict(doc["components"]).items()},
+                lanes=lanes,
+                num_lanes=num_lanes,
                 created=float(doc.get("created", 0.0)),
                 tag=str(doc.get("tag", "")),
             )
@@ -266,6 +318,14 @@ class CheckpointStore:
         return read_state_file(path)
 
     def latest(self) -> tuple[str, ResumeState] | None:
-        """The newest checkpoint that loads, or None."""
-        ids = self.ids()
-        return (ids[-1], self.load(ids[-1])) if ids else None
+        """The newest checkpoint that loads, or None.
+
+        A corrupt newer checkpoint (truncated or damaged on disk) is skipped with a warning;
+        one of another pipeline is not (that is a configuration mistake, not damage).
+        """
+        for cid in reversed(self.ids()):
+            try:
+                return cid, self.load(cid)
+            except CorruptCheckpoint as exc:
+                log.warning("skipping corrupt checkpoint %s: %s", cid, exc)
+        return None

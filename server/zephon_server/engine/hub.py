@@ -17,12 +17,18 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checkpoint import CheckpointError, CheckpointStore, ResumeState
-from .errors import ZephonError
+from .checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    CorruptCheckpoint,
+    IncompatibleCheckpoint,
+    ResumeState,
+)
+from .errors import ConfigError, ZephonError
 from .execution import ExecutionConfig
 from .pipeline import Pipeline
 from .planner import Plan
@@ -95,6 +101,7 @@ class LaneHub:
         self.max_ahead = max_ahead
         self.keep_consumed = keep_consumed
         self._cond = threading.Condition()
+        self._resume_lock = threading.Lock()
         self._run: PipelineRun | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -103,6 +110,10 @@ class LaneHub:
         self._state: dict[int, _Lane] = {}
         self.resumed_from: str | None = None
         self.replays_started = 0
+        #: Called with the error when the pipeline fails (a worker died, bad data under
+        #: ``on_error: fail``...) and with ``None`` when a run starts; the server turns it
+        #: into health NOT_SERVING / SERVING.
+        self.on_failure: Callable[[BaseException | None], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -118,10 +129,28 @@ class LaneHub:
     def run(self) -> PipelineRun | None:
         return self._run
 
+    @property
+    def error(self) -> BaseException | None:
+        """Why the current run failed, or None."""
+        return self._error
+
     def start(self, resume: ResumeState | None = None) -> None:
         """Start producing (from the beginning, or from ``resume``'s positions)."""
+        self._install(self._new_run(resume))
+
+    def _new_run(self, resume: ResumeState | None) -> PipelineRun:
+        """A run of the served lanes; validates ``resume`` fully before anything changes."""
+        try:
+            return PipelineRun(self.plan, lanes=self.lanes, resume=resume, gate=self)
+        except ConfigError as exc:
+            if resume is None:
+                raise
+            # The checksum matched, so the file was written like this: its lane state does
+            # not describe this pipeline's work source.
+            raise CorruptCheckpoint(f"checkpoint lane state is invalid: {exc}") from exc
+
+    def _install(self, run: PipelineRun) -> None:
         with self._cond:
-            run = PipelineRun(self.plan, lanes=self.lanes, resume=resume, gate=self)
             self._run = run
             self._error = None
             self._generation += 1
@@ -135,6 +164,8 @@ class LaneHub:
             )
             self._thread.start()
         log.info("hub started: lanes %s from %s", self.lanes, self.positions())
+        if self.on_failure is not None:
+            self.on_failure(None)
 
     def stop(self) -> None:
         """Stop producing and wake every reader (they get :class:`HubClosed`)."""
@@ -148,20 +179,26 @@ class LaneHub:
             thread.join(timeout=10)
 
     def resume(self, state: ResumeState, source: str = "") -> dict[int, int]:
-        """Reset the engine to a checkpoint; returns the new per-lane positions."""
-        if self._run is not None:
+        """Reset the engine to a checkpoint; returns the new per-lane positions.
+
+        Everything is checked before the current run stops: a checkpoint that is rejected
+        (another pipeline, missing lanes, invalid lane state) leaves the server serving.
+        """
+        with self._resume_lock:
             state.check_compatible(self.plan.fingerprint, self.plan.components)
             missing = [lane for lane in self.lanes if lane not in state.lanes]
             if missing:
-                raise CheckpointError(
-                    f"checkpoint has no state for lanes {missing}; it covers {sorted(state.lanes)}"
+                raise IncompatibleCheckpoint(
+                    f"checkpoint has no state for lanes {missing} served here (expected lanes "
+                    f"{self.lanes}, found {sorted(state.lanes)})"
                 )
-        self.stop()
-        with self._cond:
-            self._closed = False
-        self.start(resume=state)
-        self.resumed_from = source or None
-        return self.positions()
+            run = self._new_run(state)
+            self.stop()
+            with self._cond:
+                self._closed = False
+            self._install(run)
+            self.resumed_from = source or None
+            return self.positions()
 
     # -- gate (called by the lane source on the producer side) ------------------------------
 
@@ -198,9 +235,12 @@ class LaneHub:
         except BaseException as exc:
             log.exception("pipeline failed")
             with self._cond:
-                if generation == self._generation:
+                current = generation == self._generation and not self._closed
+                if current:
                     self._error = exc
                     self._cond.notify_all()
+            if current and self.on_failure is not None:
+                self.on_failure(exc)
 
     def _evict(self, st: _Lane) -> None:
         keep_from = st.slowest() - self.keep_consumed
@@ -222,7 +262,14 @@ class LaneHub:
         """(oldest, newest) seqs a consumer may open at on ``lane`` right now."""
         with self._cond:
             st = self._lane(lane)
-            return self._oldest(st), st.slowest() + self.max_ahead
+            return self._oldest(st), self._newest(st)
+
+    def _newest(self, st: _Lane) -> int:
+        # Everything produced is reachable (a reconnecting consumer may be past the slowest
+        # one: its acks were lost with the connection), and up to max_ahead beyond the slowest.
+        if st.end is not None:
+            return st.end.next_seq
+        return max(st.next_seq, st.slowest() + self.max_ahead)
 
     def _oldest(self, st: _Lane) -> int:
         assert self._run is not None
@@ -237,9 +284,7 @@ class LaneHub:
         with self._cond:
             st = self._lane(lane)
             oldest = self._oldest(st)
-            newest = st.slowest() + self.max_ahead
-            if st.end is not None:
-                newest = st.end.next_seq
+            newest = self._newest(st)
             if start_seq < oldest or start_seq > newest:
                 when = "no longer" if start_seq < oldest else "not yet"
                 raise OutOfRange(
@@ -287,6 +332,8 @@ class LaneHub:
                         break
                     if seq < st.first_seq:
                         raise OutOfRange(f"lane {lane}: seq {seq} was evicted")
+                    if consumer not in st.consumers:
+                        return  # closed (the call was cancelled) while waiting for a batch
                     self._cond.wait(0.5)
             yield item
             if isinstance(item, EndOfLane):
@@ -318,6 +365,9 @@ class LaneHub:
         try:
             for item in run:
                 self._check(generation)
+                with self._cond:
+                    if consumer not in self._state[lane].consumers:
+                        return  # closed (the call was cancelled)
                 if isinstance(item, SampleBatch):
                     yield item
                 elif isinstance(item, LaneEnd):
@@ -338,20 +388,43 @@ class LaneHub:
             return {lane: st.next_seq for lane, st in sorted(self._state.items())}
 
     def checkpoint(
-        self, positions: dict[int, int] | None = None, tag: str = ""
+        self, positions: dict[int, int] | None = None, tag: str = "", produce_timeout: float = 30.0
     ) -> tuple[str, bytes, ResumeState]:
-        """Snapshot resume state (given positions override the acknowledged ones); persist."""
+        """Snapshot resume state (given positions override the acknowledged ones); persist.
+
+        A position this run has not produced yet but will (within ``--max-ahead`` of the
+        lane's slowest consumer, e.g. a trainer's position right after a restart from an older
+        checkpoint) is waited for, up to ``produce_timeout`` seconds.
+        """
         if self._run is None:
             raise CheckpointError("the hub is not running")
         merged = self.positions()
         for lane, seq in (positions or {}).items():
             self._lane(lane)
             merged[lane] = seq
+        self._wait_produced(merged, timeout=produce_timeout)
         state = self._run.checkpoint(merged, tag=tag)
         if self.store is None:
             return "", state.encode(), state
         cid, data = self.store.save(state)
         return cid, data, state
+
+    def _wait_produced(self, positions: dict[int, int], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            generation = self._generation
+            while not self._closed and self._error is None and generation == self._generation:
+                pending = [
+                    lane
+                    for lane, seq in positions.items()
+                    if (st := self._state[lane]).next_seq < seq
+                    and st.end is None
+                    and seq <= st.slowest() + self.max_ahead
+                ]
+                remaining = deadline - time.monotonic()
+                if not pending or remaining <= 0:
+                    return
+                self._cond.wait(min(remaining, 0.5))
 
     def stats(self) -> dict[str, Any]:
         """Per-lane figures for metrics and progress logs."""

@@ -100,13 +100,18 @@ class EngineCollector(Collector):
             "Batches produced per lane (absolute seq)",
             labels=["lane"],
         )
+        consumers = GaugeMetricFamily(
+            "zephon_lane_consumers", "Open streams registered on a lane", labels=["lane"]
+        )
         for lane, st in stats["lanes"].items():
             lag.add_metric([str(lane)], st["produced"] - st["acked"])
             buffered.add_metric([str(lane)], st["buffered"])
             produced.add_metric([str(lane)], st["produced"])
+            consumers.add_metric([str(lane)], st["consumers"])
         yield lag
         yield buffered
         yield produced
+        yield consumers
         if run is None:
             return
         stalled = GaugeMetricFamily(
@@ -170,6 +175,15 @@ class EngineCollector(Collector):
         for dataset, n in run_stats.get("skipped", {}).items():
             skipped.add_metric([dataset], n)
         yield skipped
+        dropped = CounterMetricFamily(
+            "zephon_records_dropped",
+            "Records closed without tokens, by dataset and reason (malformed, read_error, "
+            "empty, filtered, oversized, dropped_last...)",
+            labels=["dataset", "reason"],
+        )
+        for (dataset, reason), n in sorted(dict(run.tombstones).items()):
+            dropped.add_metric([dataset, reason], n)
+        yield dropped
         share = GaugeMetricFamily(
             "zephon_dataset_token_share", "Share of produced tokens per dataset", labels=["dataset"]
         )

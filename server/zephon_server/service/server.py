@@ -149,6 +149,7 @@ class Server:
                 ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.http2.ping_timeout_ms", 10_000),  # what gRPC times pings out by
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
             ],
@@ -176,6 +177,29 @@ class Server:
         self._stopped = threading.Event()
         self._drain_lock = threading.Lock()
         self._draining = False
+        self._serving = False
+        self.hub.on_failure = self._pipeline_state
+
+    def _pipeline_state(self, error: BaseException | None) -> None:
+        """A failed pipeline (e.g. a killed worker) turns health NOT_SERVING; the streams fail
+        with INTERNAL naming the cause. The process stays up (GetInfo, health, metrics answer);
+        a successful ``Resume`` RPC or a restart with ``--resume latest`` serves again."""
+        with self._drain_lock:
+            if self._draining or not self._serving:
+                return
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if error is None
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in ("", SERVICE_NAME):
+                self.health.set(name, status)
+        if error is not None:
+            log.error(
+                "pipeline failed (%s); health is NOT_SERVING until a Resume RPC succeeds or "
+                "the server is restarted with --resume latest",
+                str(error).split("\n", 1)[0],
+            )
 
     def start(self) -> None:
         state, source = _resume_state(self.args.resume, self.store)
@@ -187,8 +211,16 @@ class Server:
             start_http_server(self.args.metrics_port, addr=self.args.host, registry=self.registry)
             log.info("metrics on http://%s:%d/metrics", self.args.host, self.args.metrics_port)
         self.grpc.start()
-        for name in ("", SERVICE_NAME):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        with self._drain_lock:
+            self._serving = True
+            failed = self.hub.error is not None
+            for name in ("", SERVICE_NAME):
+                self.health.set(
+                    name,
+                    health_pb2.HealthCheckResponse.NOT_SERVING
+                    if failed
+                    else health_pb2.HealthCheckResponse.SERVING,
+                )
         if self.args.port_file:
             Path(self.args.port_file).write_text(f"{self.port}\n")
         log.info(
@@ -211,14 +243,24 @@ class Server:
         log.info("draining: health NOT_SERVING, ending open streams")
         self.health.enter_graceful_shutdown()
         self.service.draining.set()
-        done = self.grpc.stop(self.args.drain_grace)
+        grace = self.args.drain_grace
+        deadline = time.monotonic() + grace
+        done = self.grpc.stop(grace)
+        # Data streams end at their next step; then stop at once rather than wait the whole
+        # grace for long-lived calls that never end by themselves (health Watch).
+        while self.service.active_streams and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.grpc.stop(min(0.5, max(0.0, deadline - time.monotonic())))
         self.hub.stop()
-        done.wait(self.args.drain_grace)
+        done.wait(max(0.0, deadline - time.monotonic()))
         self._stopped.set()
         log.info("stopped")
 
     def wait(self) -> None:
-        self._stopped.wait()
+        # Timed waits: Python runs signal handlers on the main thread only, and a SIGTERM the
+        # kernel delivers to another thread (gRPC's, say) never wakes an untimed wait here.
+        while not self._stopped.wait(0.2):
+            pass
 
     def _progress(self) -> None:
         last_batches = last_tokens = 0.0

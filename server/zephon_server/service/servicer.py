@@ -50,6 +50,7 @@ class DataService(pb_grpc.DataServiceServicer):
         self._lock = threading.Lock()
         self._streams = 0
         self._ids = itertools.count()
+        self._named: dict[tuple[int, str], tuple[str, _AckState]] = {}  # (lane, name) -> stream
 
     @property
     def active_streams(self) -> int:
@@ -154,12 +155,38 @@ class DataService(pb_grpc.DataServiceServicer):
             )
         assert first is not None
         lane, start = first.open.lane, first.open.start_seq
-        consumer = f"{first.open.consumer or context.peer()}#{next(self._ids)}"
+        name = first.open.consumer
+        consumer = f"{name or context.peer()}#{next(self._ids)}"
+        acked = _AckState(start)
+        if name:
+            # A named consumer reopening a lane is the same reader reconnecting: its older
+            # stream (e.g. on a dead connection that keepalive has not closed yet) must not
+            # hold the lane back, nor make the new start "not yet reachable".
+            with self._lock:
+                previous = self._named.get((lane, name))
+                self._named[(lane, name)] = (consumer, acked)
+            if previous is not None:
+                old_consumer, old_acked = previous
+                old_acked.fail(
+                    f"superseded: consumer {name!r} opened lane {lane} again on another "
+                    "stream (consumers of one lane need distinct names)",
+                    grpc.StatusCode.ABORTED,
+                )
+                self.hub.close_consumer(lane, old_consumer)
         try:
             stream = self.hub.open(lane, consumer, start)
         except Exception as exc:
+            self._forget(lane, name, consumer)
             abort(context, exc)
-        acked = _AckState(start)
+
+        def release() -> None:
+            # On cancellation gRPC calls this while the serving thread may be blocked inside
+            # the hub waiting for a batch: closing the consumer wakes it and ends the stream.
+            acked.close()
+            self.hub.close_consumer(lane, consumer)
+
+        if not context.add_callback(release):
+            release()  # the call already ended
         reader = threading.Thread(
             target=self._read_acks,
             name=f"zephon-acks-{lane}",
@@ -173,6 +200,7 @@ class DataService(pb_grpc.DataServiceServicer):
         try:
             for item in stream:
                 if isinstance(item, EndOfLane):
+                    acked.sent = max(acked.sent, item.next_seq)
                     yield end_response(item.next_seq, item.chain)
                     # Keep the call open until the client acknowledged the tail (or left), so
                     # the final acknowledgements are recorded.
@@ -180,8 +208,9 @@ class DataService(pb_grpc.DataServiceServicer):
                     return
                 if not acked.wait_below(sent - self.window + 1, context, self.draining):
                     break
-                if acked.error is not None:
+                if acked.error is not None or self.draining.is_set():
                     break
+                acked.sent = item.seq + 1  # before the client can see (and acknowledge) it
                 yield self.metrics.sent(batch_response(item), item)
                 sent = item.seq + 1
         except Exception as exc:
@@ -189,14 +218,21 @@ class DataService(pb_grpc.DataServiceServicer):
         finally:
             acked.close()
             self.hub.close_consumer(lane, consumer)
+            self._forget(lane, name, consumer)
             self.metrics.stream_closed()
         # context.abort raises, so it is called outside the try block above.
         if acked.error is not None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, acked.error)
+            context.abort(acked.code, acked.error)
         if self.draining.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining; reconnect later")
         if failure is not None:
             abort(context, failure)
+
+    def _forget(self, lane: int, name: str, consumer: str) -> None:
+        with self._lock:
+            entry = self._named.get((lane, name))
+            if entry is not None and entry[0] == consumer:
+                del self._named[(lane, name)]
 
     def _read_acks(
         self,
@@ -210,6 +246,19 @@ class DataService(pb_grpc.DataServiceServicer):
             for msg in requests:
                 if msg.WhichOneof("kind") != "ack":
                     acked.fail("after OpenLane only Ack messages are allowed on a stream")
+                elif msg.ack.next_seq > acked.sent:
+                    # Acknowledging unsent batches would let the lane run unboundedly ahead.
+                    sent = (
+                        f"sent seqs {acked.start}..{acked.sent - 1}"
+                        if acked.sent > acked.start
+                        else f"sent nothing yet (opened at seq {acked.start})"
+                    )
+                    acked.fail(
+                        f"Ack(next_seq={msg.ack.next_seq}) acknowledges batches not sent yet: "
+                        f"this stream {sent}; acknowledge only batches received"
+                    )
+                if acked.error is not None:
+                    self.hub.close_consumer(lane, consumer)  # wakes a stream waiting in the hub
                     return
                 self.hub.ack(lane, consumer, msg.ack.next_seq)
                 acked.update(msg.ack.next_seq)
@@ -225,8 +274,11 @@ class _AckState:
     """Highest acknowledged next_seq of one stream, with waiting for the send window."""
 
     def __init__(self, start: int) -> None:
+        self.start = start
+        self.sent = start  # one past the last seq handed to gRPC
         self.value = start
         self.error: str | None = None
+        self.code = grpc.StatusCode.INVALID_ARGUMENT
         self.closed = False
         self._cond = threading.Condition()
 
@@ -236,9 +288,11 @@ class _AckState:
                 self.value = next_seq
                 self._cond.notify_all()
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
         with self._cond:
-            self.error = message
+            if self.error is None:
+                self.error = message
+                self.code = code
             self._cond.notify_all()
 
     def close(self) -> None:
