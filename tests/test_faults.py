@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from infra import free_port
 from service_helpers import ServerProcess, dump_digests, write_config
 from zephon_client import DataClient
-from zephon_client.client import DEFAULT_CHANNEL_OPTIONS
+from zephon_client.channel import DEFAULT_CHANNEL_OPTIONS
 from zephon_client.errors import ZephonClientError
 from zephon_client.wire import ClosedDocument, decode_batch
 from zephon_proto.v1 import data_service_pb2 as pb

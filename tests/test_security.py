@@ -149,7 +149,7 @@ def tls_server(config: Path, work: Path, pki: dict[str, Path], *, mutual: bool, 
 
 def outcome(address: str, tls: TLSConfig | None, token: str | None) -> str:
     """What a client gets from GetInfo and a StreamBatches call: 'ok' or the status name."""
-    from zephon_client.client import make_channel
+    from zephon_client.channel import make_channel
 
     channel = make_channel(address, tls=tls)
     metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
@@ -174,7 +174,7 @@ def outcome(address: str, tls: TLSConfig | None, token: str | None) -> str:
 def health(address: str, tls: TLSConfig | None) -> str:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from zephon_client.client import make_channel
+    from zephon_client.channel import make_channel
 
     channel = make_channel(address, tls=tls)
     try:

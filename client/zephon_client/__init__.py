@@ -11,15 +11,8 @@ Installs with grpcio, protobuf and numpy only; it never imports the server's eng
 * ``zephon_client.tail.tail``: print a lane's batches (``zephon tail``).
 """
 
-from .client import (
-    AUTH_TOKEN_ENV,
-    DEFAULT_CHANNEL_OPTIONS,
-    Batch,
-    CheckpointInfo,
-    DataClient,
-    TLSConfig,
-    merge_state_dicts,
-)
+from .channel import AUTH_TOKEN_ENV, DEFAULT_CHANNEL_OPTIONS, TLSConfig
+from .client import Batch, CheckpointInfo, DataClient, merge_state_dicts
 from .errors import ZephonClientError
 from .mapping import lanes_for_rank
 from .wire import CHAIN_SEED, ChainMismatch, DecodedBatch, WireError

@@ -26,8 +26,9 @@ import numpy as np
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
-from .client import LaneStream, TLSConfig, auth_metadata, make_channel
+from .channel import TLSConfig, auth_metadata, make_channel
 from .errors import ZephonClientError
+from .stream import LaneStream
 from .wire import DecodedBatch
 
 BYTE_TOKENIZER = "byte"
