@@ -150,9 +150,9 @@ class EngineCollector(Collector):
         queues = GaugeMetricFamily(
             "zephon_queue_depth", "Item lists waiting between steps", labels=["queue"]
         )
-        for runner in run.runners:
+        for stage, runner in enumerate(run.runners):
             for name, size in runner.queue_depths().items():
-                queues.add_metric([name], size)
+                queues.add_metric([f"stage{stage}:{name}"], size)
         yield queues
         op_time = HistogramMetricFamily(
             "zephon_op_seconds", "Worker time per micro-batch, per step", labels=["op"]
