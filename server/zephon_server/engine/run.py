@@ -134,11 +134,13 @@ class PipelineRun:
 
     def dataset_token_shares(self) -> dict[str, float]:
         """Share of delivered tokens per dataset name."""
-        total = sum(self.dataset_tokens.values())
+        with self._lock:
+            counts = sorted(self.dataset_tokens.items())
+        total = sum(n for _, n in counts)
         if not total:
             return {}
         names = self.plan.datasets
-        return {names[i].spec.name: n / total for i, n in sorted(self.dataset_tokens.items())}
+        return {names[i].spec.name: n / total for i, n in counts}
 
     def _starts(self, resume: ResumeState | None) -> dict[int, LaneState]:
         if resume is None:
@@ -206,14 +208,17 @@ class PipelineRun:
 
     def _count_tombstones(self, metas: Sequence[SampleMeta]) -> None:
         names = self.plan.datasets
-        for meta in metas:
-            self.tombstones[(names[meta.dataset_id].spec.name, meta.tombstone)] += 1
+        with self._lock:  # stats() reads the counter from other threads (metrics scrapes)
+            for meta in metas:
+                self.tombstones[(names[meta.dataset_id].spec.name, meta.tombstone)] += 1
 
     def stats(self) -> dict[str, Any]:
         """Counters so far: batches, tokens, skipped malformed records per dataset, tombstones."""
         skipped: Counter[str] = Counter()
         reasons: Counter[str] = Counter()
-        for (dataset, reason), n in self.tombstones.items():
+        with self._lock:
+            tombstones = list(self.tombstones.items())
+        for (dataset, reason), n in tombstones:
             reasons[reason] += n
             if reason in SKIP_REASONS:
                 skipped[dataset] += n
@@ -271,10 +276,10 @@ class PipelineRun:
                         if item.tombstones:
                             self._count_tombstones(item.tombstones)
                         if item.rows:
-                            for meta in item.rows:
-                                for span in meta.spans:
-                                    self.dataset_tokens[span.doc.dataset] += span.length
                             with self._lock:
+                                for meta in item.rows:
+                                    for span in meta.spans:
+                                        self.dataset_tokens[span.doc.dataset] += span.length
                                 log_.add(item)
                             self.batches_out += 1
                             self.tokens_out += item.num_tokens()

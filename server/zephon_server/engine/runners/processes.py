@@ -52,6 +52,7 @@ class ProcessesRunner(PooledRunner):
         self.plan = plan
         self._pools: dict[int, ProcessPoolExecutor] = {}
         self._procs: dict[int, dict[int, Any]] = {}  # step -> pid -> Process (for exit codes)
+        self._notes: dict[int, str] = {}  # step -> death note, computed once
 
     def start_pool(self) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -98,9 +99,13 @@ class ProcessesRunner(PooledRunner):
         return outer
 
     def _death_note(self, step_index: int) -> str:
+        cached = self._notes.get(step_index)
+        if cached is not None:
+            return cached  # every pending task of the broken pool gets the same note at once
         procs = self._procs.get(step_index, {})
+        deadline = time.monotonic() + 1.0  # one bounded wait in total, not one per worker
         for p in procs.values():
-            p.join(timeout=1)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
         # Workers the executor terminated after the crash exit with -SIGTERM; name the others.
         codes = [
             f"pid {pid} exit code {p.exitcode}"
@@ -108,7 +113,9 @@ class ProcessesRunner(PooledRunner):
             if p.exitcode not in (None, 0, -15)
         ]
         detail = ", ".join(codes) if codes else "a worker process terminated abruptly"
-        return f"worker process died ({detail}); the run cannot continue"
+        note = f"worker process died ({detail}); the run cannot continue"
+        self._notes[step_index] = note
+        return note
 
     def stop_pool(self) -> None:
         # Blocks are released by the run once every stage has stopped (PipelineRun.close):
