@@ -23,7 +23,7 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -343,15 +343,23 @@ class ShardCache:
         for i in run:
             out[i] = buf[lo[i] - run_lo : hi[i] - run_lo]
 
-    def _compressed(self, path: str, fmt: str) -> tuple[bytes, np.ndarray]:
-        key = (path, fmt)
+    def _cached(self, key: Hashable, load: Callable[[], tuple[Any, int]]) -> Any:
+        """``key`` from the LRU, or ``load()`` -> (value, nbytes) once under the key's lock."""
         hit = self._lru_get(key)
         if hit is not None:
-            return hit  # type: ignore[no-any-return]
+            return hit
         with self._stripe(key):
             hit = self._lru_get(key)
             if hit is not None:
-                return hit  # type: ignore[no-any-return]
+                return hit
+            value, nbytes = load()
+            self._lru_put(key, value, nbytes)
+            return value
+
+    def _compressed(self, path: str, fmt: str) -> tuple[bytes, np.ndarray]:
+        key = (path, fmt)
+
+        def load() -> tuple[tuple[bytes, np.ndarray], int]:
             try:
                 data = _decompress(path, fmt)
             except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
@@ -359,15 +367,15 @@ class ShardCache:
             except OSError as exc:
                 raise DataError(f"cannot read shard {path}: {exc}") from exc
             starts = line_starts(data)
-            value = (data, starts)
             with self._lock:
                 self.misses += 1
                 self.decompressions += 1
                 self.index_builds += 1
                 self._counts[key] = len(starts) - 1
-            self._lru_put(key, value, len(data) + starts.nbytes)
             logger.debug("decompressed %s: %d bytes, %d rows", path, len(data), len(starts) - 1)
-            return value
+            return (data, starts), len(data) + starts.nbytes
+
+        return self._cached(key, load)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ Parquet
 
@@ -410,14 +418,7 @@ class ShardCache:
         return out
 
     def _row_group(self, path: str, md: Any, rg: int, text_field: str) -> list[Any]:
-        key = (path, PARQUET, text_field, rg)
-        hit = self._lru_get(key)
-        if hit is not None:
-            return hit  # type: ignore[no-any-return]
-        with self._stripe(key):
-            hit = self._lru_get(key)
-            if hit is not None:
-                return hit  # type: ignore[no-any-return]
+        def load() -> tuple[list[Any], int]:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
@@ -429,12 +430,12 @@ class ShardCache:
                     f"cannot read row group {rg} of Parquet shard {path}: {exc}"
                 ) from exc
             values = column.to_pylist()
-            nbytes = int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values)
             with self._lock:
                 self.misses += 1
                 self.row_group_reads += 1
-            self._lru_put(key, values, nbytes)
-            return values
+            return values, int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values)
+
+        return self._cached((path, PARQUET, text_field, rg), load)  # type: ignore[no-any-return]
 
 
 def _check_field(path: str, schema: Any, text_field: str) -> None:
