@@ -17,7 +17,8 @@ Kinds:
     The whole corpus (one pass) in-process with threads x2, RSS sampled after every batch.
 ``resume``
     Checkpoint in the middle of an epoch with the resume geometry, then time a resumed run to
-    its first batch (all lanes, and one lane), with the replayed record count.
+    its first batch (all lanes, and one lane), with the replayed record count; with the replay
+    cache the first run wrote, and without it.
 
 ``--profile FILE`` (engine, tokenizer) writes a cProfile of the measured part.
 """
@@ -29,9 +30,11 @@ import cProfile
 import gc
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +44,7 @@ from typing import Any
 
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.records import SampleBatch
+from zephon_server.engine.replay_cache import ReplayCache
 from zephon_server.engine.run import PipelineRun
 from zephon_server.engine.tokenizer import Tokenizer, load_tokenizer
 
@@ -256,16 +260,55 @@ def _until(batches: Iterator[SampleBatch], done: Callable[[SampleBatch], bool]) 
     return n
 
 
+def _timed_resume(
+    plan: Any, data: bytes, lanes: int, cache: ReplayCache | None, only: list[int] | None = None
+) -> dict[str, Any]:
+    """Time a resumed run to its first batch and until every lane delivered one."""
+    gc.collect()
+    t0 = time.perf_counter()
+    run = PipelineRun(plan, resume=ResumeState.decode(data), lanes=only, replay_cache=cache)
+    it = run.batches()
+    b = next(it)
+    first = time.perf_counter() - t0
+    replayed_first = run.stats()["replayed"]
+    seen = {b.lane_id: b.seq}
+    want = len(only) if only is not None else lanes
+
+    def every_lane_seen(batch: SampleBatch) -> bool:
+        seen.setdefault(batch.lane_id, batch.seq)
+        return len(seen) == want
+
+    if len(seen) < want:
+        _until(it, every_lane_seen)
+    every_lane = time.perf_counter() - t0
+    stats = run.stats()
+    it.close()
+    return {
+        "first": first,
+        "every_lane": every_lane,
+        "replayed_first": replayed_first,
+        "replayed": stats["replayed"],
+        "seen": seen,
+        "cache": stats["replay_cache"],
+    }
+
+
 def resume(work: Workload, runner: str = "threads", workers: int = 2) -> dict[str, Any]:
-    """Checkpoint mid-epoch with the resume geometry; time resumed runs to their first batch."""
+    """Checkpoint mid-epoch with the resume geometry; time resumed runs to their first batch.
+
+    The first run writes a replay cache (as ``zephon serve --state-dir`` does); resumes are
+    timed with it and, for comparison, without it (every replayed document tokenized again).
+    """
     plan = load_plan(work.resume_config, runner, workers)
+    cache_dir = Path(tempfile.mkdtemp(prefix="replay-cache-", dir=work.work_dir))
+    cache = ReplayCache(cache_dir)
     k = work.resume_k
     lanes = plan.pipeline.lanes
     target_chunk = k // 2  # the middle of the first epoch (chunks 0..k-1)
 
     # 1. A fresh run up to the middle of an epoch on every lane.
     t0 = time.perf_counter()
-    run = PipelineRun(plan)
+    run = PipelineRun(plan, replay_cache=cache)
     it = run.batches()
     first = next(it)
     fresh_ttfb = time.perf_counter() - t0
@@ -294,37 +337,15 @@ def resume(work: Workload, runner: str = "threads", workers: int = 2) -> dict[st
     }
     boundaries = {lane: st.boundary_chunk for lane, st in state.lanes.items()}
 
-    # 2. Resume every lane (what a server does on Resume or --resume).
-    gc.collect()
-    t0 = time.perf_counter()
-    run2 = PipelineRun(plan, resume=ResumeState.decode(data))
-    it2 = run2.batches()
-    b = next(it2)
-    ttfb_all = time.perf_counter() - t0
-    replayed_first = run2.stats()["replayed"]
-    seen = {b.lane_id: b.seq}
-
-    def every_lane_seen(batch: SampleBatch) -> bool:
-        seen.setdefault(batch.lane_id, batch.seq)
-        return len(seen) == lanes
-
-    if len(seen) < lanes:
-        _until(it2, every_lane_seen)
-    every_lane = time.perf_counter() - t0
-    replayed_all = run2.stats()["replayed"]
-    it2.close()
-    exact = all(seen[lane] == positions[lane] for lane in seen)
-
-    # 3. Resume one lane only (a lane-sharded server, or the cost per lane).
-    gc.collect()
-    t0 = time.perf_counter()
-    run3 = PipelineRun(plan, resume=ResumeState.decode(data), lanes=[0])
-    it3 = run3.batches()
-    b3 = next(it3)
-    ttfb_one = time.perf_counter() - t0
-    replayed_one = run3.stats()["replayed"]
-    it3.close()
-    exact = exact and b3.seq == positions[0]
+    # 2. Resume every lane (what a server does on Resume or --resume), with the cache and
+    #    without it; 3. one lane only (a lane-sharded server, or the cost per lane).
+    cached = _timed_resume(plan, data, lanes, cache)
+    uncached = _timed_resume(plan, data, lanes, None)
+    one = _timed_resume(plan, data, lanes, cache, only=[0])
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    exact = all(
+        r["seen"][lane] == positions[lane] for r in (cached, uncached, one) for lane in r["seen"]
+    )
 
     return {
         "runner": runner,
@@ -342,12 +363,15 @@ def resume(work: Workload, runner: str = "threads", workers: int = 2) -> dict[st
         "checkpoint_bytes_one_lane": len(one_lane),
         "checkpoint_bytes_marginal_per_lane": (len(data) - len(one_lane)) / (lanes - 1),
         "checkpoint_latency": statistics.median(latencies),
-        "resume_ttfb": ttfb_all,
-        "resume_every_lane": every_lane,
-        "replayed_at_first_batch": replayed_first,
-        "replayed": replayed_all,
-        "resume_ttfb_one_lane": ttfb_one,
-        "replayed_one_lane": replayed_one,
+        "resume_ttfb": cached["first"],
+        "resume_every_lane": cached["every_lane"],
+        "replayed_at_first_batch": cached["replayed_first"],
+        "replayed": cached["replayed"],
+        "replay_cache": cached["cache"],
+        "resume_ttfb_one_lane": one["first"],
+        "replayed_one_lane": one["replayed"],
+        "resume_ttfb_uncached": uncached["first"],
+        "resume_every_lane_uncached": uncached["every_lane"],
         "exact": exact,
     }
 

@@ -346,6 +346,8 @@ def run_kill_scenario(
         client.close()
         code = srv.terminate()
     assert code == 0, srv.output()[-3000:]
+    # the restarts resumed with the replay cache the killed servers wrote (on by default)
+    assert any((state / "replay-cache").rglob("*.tok")), "no replay cache under --state-dir"
     figures.update(
         kills=len(kills) - len(plan),
         restart_s=restarts,

@@ -33,6 +33,7 @@ from .execution import ExecutionConfig
 from .pipeline import Pipeline
 from .planner import Plan
 from .records import LaneEnd, SampleBatch
+from .replay_cache import ReplayCache
 from .run import PipelineRun
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class LaneHub:
         store: CheckpointStore | None = None,
         max_ahead: int = 32,
         keep_consumed: int = 64,
+        replay_cache: ReplayCache | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.execution = execution
@@ -98,6 +100,7 @@ class LaneHub:
             if not 0 <= lane < n:
                 raise BadLane(f"lane {lane} does not exist; the pipeline has lanes 0..{n - 1}")
         self.store = store
+        self.replay_cache = replay_cache
         self.max_ahead = max_ahead
         self.keep_consumed = keep_consumed
         self._cond = threading.Condition()
@@ -141,7 +144,13 @@ class LaneHub:
     def _new_run(self, resume: ResumeState | None) -> PipelineRun:
         """A run of the served lanes; validates ``resume`` fully before anything changes."""
         try:
-            return PipelineRun(self.plan, lanes=self.lanes, resume=resume, gate=self)
+            return PipelineRun(
+                self.plan,
+                lanes=self.lanes,
+                resume=resume,
+                gate=self,
+                replay_cache=self.replay_cache,
+            )
         except ConfigError as exc:
             if resume is None:
                 raise
@@ -361,7 +370,7 @@ class LaneHub:
             seq,
             state.lanes[lane].boundary_chunk,
         )
-        run = PipelineRun(self.plan, lanes=[lane], resume=state)
+        run = PipelineRun(self.plan, lanes=[lane], resume=state, replay_cache=self.replay_cache)
         try:
             for item in run:
                 self._check(generation)

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .datasets import DatasetInfo, resolve_datasets
 from .errors import ConfigError
@@ -49,8 +50,11 @@ class Plan:
     fingerprint: str = ""
     components: dict[str, str] = field(default_factory=dict)
 
-    def context(self, op: Operator, index: int, worker_id: int = 0) -> OpContext:
-        """The OpContext handed to ``op`` (the ``index``-th operator of the plan)."""
+    def context(
+        self, op: Operator, index: int, worker_id: int = 0, extras: dict[str, Any] | None = None
+    ) -> OpContext:
+        """The OpContext handed to ``op`` (the ``index``-th operator of the plan); ``extras``
+        are a run's services (replay cursors, replay cache), copied into the context."""
         return OpContext(
             op_name=op.op_name,
             op_index=index,
@@ -60,6 +64,7 @@ class Plan:
             datasets=tuple(self.datasets),
             pad_id=self.pad_id,
             worker_id=worker_id,
+            extras=dict(extras or {}),
         )
 
     def explain(self) -> str:

@@ -21,11 +21,12 @@ from .errors import ConfigError
 from .ops.replay import REPLAY_CURSORS, ReplayFilterAccumulator
 from .planner import Plan
 from .records import Cursor, FlushSentinel, LaneEnd, SampleBatch, SampleMeta
+from .replay_cache import REPLAY_CACHE, ReplayCache
 from .runners.base import StageRunner
 from .runners.inline import InlineRunner
 from .runners.steps import StepDriver
 from .runners.threads import ThreadsRunner
-from .source import LaneGate, LaneSource
+from .source import FirstBatches, LaneGate, LaneSource
 from .work_source import WorkSource
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,10 @@ log = logging.getLogger(__name__)
 SKIP_REASONS = ("malformed", "read_error")
 
 
-def make_runner(kind: str, drivers: list[StepDriver], plan: Plan) -> StageRunner:
-    """The stage runner for ``kind``."""
+def make_runner(
+    kind: str, drivers: list[StepDriver], plan: Plan, extras: dict[str, Any] | None = None
+) -> StageRunner:
+    """The stage runner for ``kind``; ``extras`` reach the operators' contexts in workers."""
     ex = plan.execution
     kwargs: dict[str, Any] = {
         "workers": ex.workers,
@@ -49,11 +52,11 @@ def make_runner(kind: str, drivers: list[StepDriver], plan: Plan) -> StageRunner
     if kind == "processes":
         from .runners.processes import ProcessesRunner
 
-        return ProcessesRunner(drivers, plan=plan, **kwargs)
+        return ProcessesRunner(drivers, plan=plan, extras=extras, **kwargs)
     if kind == "ray":
         from .runners.ray import RayRunner
 
-        return RayRunner(drivers, plan=plan, **kwargs)
+        return RayRunner(drivers, plan=plan, extras=extras, **kwargs)
     raise ConfigError(f"unknown runner {kind!r}")
 
 
@@ -105,6 +108,7 @@ class PipelineRun:
         max_chunks_per_lane: int | None = None,
         retention: int = 4096,
         gate: LaneGate | None = None,
+        replay_cache: ReplayCache | None = None,
     ) -> None:
         self.plan = plan
         p = plan.pipeline
@@ -124,6 +128,21 @@ class PipelineRun:
         self.k = p.flush_every_k_chunks
         starts = self._starts(resume)
         self.logs = {lane: LaneLog(lane, starts[lane], retention) for lane in self.lanes}
+        #: Resumed lanes -> end (exclusive) of the chunks they replay: the end of the epoch of
+        #: the replay cursor's chunk (the cursor's row may leave the shuffle that late).
+        self.replay_ends = {
+            lane: self._epoch_end(int(log.start.replay_cursor[0]))
+            for lane, log in self.logs.items()
+            if log.start.replay_cursor is not None
+        }
+        self._delivered_lanes = FirstBatches(
+            wait=any(stage.runner != "inline" for stage in plan.stages)
+        )
+        self.replay_cache = (
+            None
+            if replay_cache is None
+            else replay_cache.bind(plan.fingerprint, replay_ends=self.replay_ends)
+        )
         self.runners: list[StageRunner] = []
         self.drivers: list[StepDriver] = []
         self.started = time.monotonic()
@@ -131,6 +150,9 @@ class PipelineRun:
         self.tokens_out = 0
         self.tombstones: Counter[tuple[str, str]] = Counter()  # (dataset, reason) -> count
         self.dataset_tokens: Counter[int] = Counter()  # dataset index -> tokens delivered
+
+    def _epoch_end(self, chunk: int) -> int:
+        return (chunk // self.k + 1) * self.k if self.k else chunk + 1
 
     def dataset_token_shares(self) -> dict[str, float]:
         """Share of delivered tokens per dataset name."""
@@ -231,12 +253,28 @@ class PipelineRun:
                 d.acc.dropped for d in self.drivers if isinstance(d.acc, ReplayFilterAccumulator)
             ),
             "elapsed_s": time.monotonic() - self.started,
+            "replay_cache": self._replay_cache_stats(),
         }
+
+    def _replay_cache_stats(self) -> dict[str, int] | None:
+        """Replay-cache hits/misses/stored records (counted where tokenizing runs: this
+        process for the inline and threads runners)."""
+        cache = self.replay_cache
+        if cache is None:
+            return None
+        return {"hits": cache.hits, "misses": cache.misses, "stored": cache.stored}
 
     def _build(self) -> Iterator[list[Any]]:
         plan = self.plan
+        targets = {
+            lane: log.start.replay_cursor
+            for lane, log in self.logs.items()
+            if log.start.replay_cursor is not None
+        }
+        extras: dict[str, Any] = {REPLAY_CURSORS: targets, REPLAY_CACHE: self.replay_cache}
         for index, op in enumerate(plan.ops):
-            op.setup(plan.context(op, index))
+            op.setup(plan.context(op, index, extras=extras))
+        cache = self.replay_cache
         source = LaneSource(
             self.work_source,
             self.lanes,
@@ -244,23 +282,26 @@ class PipelineRun:
             start_chunks={lane: log.start.boundary_chunk for lane, log in self.logs.items()},
             max_chunks_per_lane=self.max_chunks_per_lane,
             gate=self.gate,
+            # Resumed lanes are fed first, one at a time, each until its first batch is out.
+            replay_first={
+                lane: (min(self._epoch_end(cursor[0]), cursor[0] + 2), self.replay_ends[lane])
+                for lane, cursor in targets.items()
+            },
+            delivered=self._delivered_lanes,
+            on_chunk=None
+            if cache is None
+            else (lambda lane, chunk: cache.on_chunk(lane, chunk, self.k)),
         )
-        targets = {
-            lane: log.start.replay_cursor
-            for lane, log in self.logs.items()
-            if log.start.replay_cursor is not None
-        }
         stream: Iterator[list[Any]] = iter(source)
         op_index = {id(op): i for i, op in enumerate(plan.ops)}
         for stage in plan.stages:
             drivers = []
             for step in stage.steps:
-                ctx = plan.context(step.head, op_index[id(step.head)])
-                ctx.extras[REPLAY_CURSORS] = targets
+                ctx = plan.context(step.head, op_index[id(step.head)], extras=extras)
                 acc = step.head.accumulator(deterministic=plan.execution.deterministic, ctx=ctx)
                 drivers.append(StepDriver(step, acc))
             self.drivers.extend(drivers)
-            runner = make_runner(stage.runner, drivers, plan)
+            runner = make_runner(stage.runner, drivers, plan, extras)
             self.runners.append(runner)
             stream = runner.run(stream)
         return stream
@@ -281,6 +322,7 @@ class PipelineRun:
                                     for span in meta.spans:
                                         self.dataset_tokens[span.doc.dataset] += span.length
                                 log_.add(item)
+                            self._delivered_lanes.add(item.lane_id)
                             self.batches_out += 1
                             self.tokens_out += item.num_tokens()
                             yield item

@@ -30,6 +30,7 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 from ..engine.checkpoint import CheckpointStore, ResumeState, read_state_file
 from ..engine.errors import ZephonError
 from ..engine.hub import LaneHub
+from ..engine.replay_cache import ReplayCache
 from .auth import TokenAuthInterceptor
 from .metrics import ServiceMetrics
 from .servicer import DataService
@@ -50,6 +51,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="serve Prometheus /metrics on this port (default: off)",
     )
     p.add_argument("--state-dir", default=None, help="directory for checkpoints")
+    p.add_argument(
+        "--replay-cache",
+        default=None,
+        help="directory caching tokenizer output so a resume need not tokenize again "
+        "(default: <state-dir>/replay-cache with --state-dir; 'off' disables it)",
+    )
+    p.add_argument(
+        "--replay-cache-epochs",
+        type=int,
+        default=2,
+        help="epochs (flush_every_k_chunks chunks) per lane the replay cache keeps (default 2)",
+    )
     p.add_argument(
         "--resume",
         default=None,
@@ -83,6 +96,21 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="require 'authorization: Bearer <token>' (or set ZEPHON_AUTH_TOKEN)",
     )
     p.add_argument("--port-file", default=None, help="write the bound gRPC port to this file")
+
+
+def replay_cache_from_args(args: argparse.Namespace) -> ReplayCache | None:
+    """The replay cache ``--replay-cache`` / ``--state-dir`` ask for (None when off)."""
+    where = getattr(args, "replay_cache", None)
+    epochs = getattr(args, "replay_cache_epochs", 2)
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ZephonError(f"--replay-cache-epochs must be an integer >= 1, got {epochs!r}")
+    if where == "off":
+        return None
+    if where is None:
+        if not args.state_dir:
+            return None
+        where = str(Path(args.state_dir) / "replay-cache")
+    return ReplayCache(where, keep_epochs=epochs)
 
 
 def _resume_state(arg: str | None, store: CheckpointStore | None) -> tuple[ResumeState | None, str]:
@@ -132,6 +160,7 @@ class Server:
             lanes=parse_lanes(args.lanes),
             store=self.store,
             max_ahead=args.max_ahead,
+            replay_cache=replay_cache_from_args(args),
         )
         self.registry = CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry, self.hub)

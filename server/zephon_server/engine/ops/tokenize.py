@@ -13,8 +13,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..records import SampleRecord, Span
+from ..replay_cache import REPLAY_CACHE, ReplayCache
 from ..tokenizer import Tokenizer, load_tokenizer
-from .base import Operator
+from .base import OpContext, Operator
 
 
 class Tokenize(Operator):
@@ -55,6 +56,7 @@ class Tokenize(Operator):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tokenizer"] = None
+        state.pop("_replay_cache", None)  # workers get theirs from setup(ctx)
         return state
 
     def params(self) -> dict[str, Any]:
@@ -71,9 +73,32 @@ class Tokenize(Operator):
             f"add_eos={self.add_eos}, max_length={self.max_length})"
         )
 
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        self._replay_cache = ctx.extras.get(REPLAY_CACHE)
+
+    def _encode(self, elems: list[Any]) -> list[np.ndarray]:
+        """Token ids per record: from the replay cache where a replayed chunk has them,
+        otherwise encoded (and written to the cache when there is one)."""
+        tok = self.tokenizer
+        cache: ReplayCache | None = getattr(self, "_replay_cache", None)
+        if cache is None:
+            return tok.encode_batch([rec.payload["text"] for rec in elems])
+        op_index = self.ctx.op_index
+        found: list[np.ndarray | None] = (
+            cache.lookup(op_index, elems) if cache.replay_ends else [None] * len(elems)
+        )
+        missing = [i for i, ids in enumerate(found) if ids is None]
+        if missing:
+            encoded = tok.encode_batch([elems[i].payload["text"] for i in missing])
+            cache.store(op_index, [elems[i] for i in missing], encoded)
+            for i, ids in zip(missing, encoded):
+                found[i] = ids
+        return found  # type: ignore[return-value]
+
     def process_many(self, elems: list[Any]) -> list[Any]:
         tok = self.tokenizer
-        ids_list = tok.encode_batch([rec.payload["text"] for rec in elems])
+        ids_list = self._encode(elems)
         prefix = [tok.bos_id] if self.add_bos else []
         suffix = [tok.eos_id] if self.add_eos else []
         max_length = self.max_length

@@ -47,9 +47,12 @@ class ProcessesRunner(PooledRunner):
 
     kind = "processes"
 
-    def __init__(self, *args: Any, plan: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, plan: Any, extras: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.plan = plan
+        self.extras = extras or {}
         self._pools: dict[int, ProcessPoolExecutor] = {}
         self._procs: dict[int, dict[int, Any]] = {}  # step -> pid -> Process (for exit codes)
         self._notes: dict[int, str] = {}  # step -> death note, computed once
@@ -61,7 +64,9 @@ class ProcessesRunner(PooledRunner):
             if d.step.workers == 0:
                 continue  # runs in its driver thread
             step = d.step
-            contexts = [[self.plan.context(op, op_index[id(op)]) for op in step.ops]]
+            contexts = [
+                [self.plan.context(op, op_index[id(op)], extras=self.extras) for op in step.ops]
+            ]
             self._pools[step.index] = ProcessPoolExecutor(
                 max_workers=step.workers,
                 mp_context=ctx,

@@ -299,7 +299,9 @@ class RayRunner(PooledRunner):
     kind = "ray"
     max_retries = MAX_RETRIES
 
-    def __init__(self, *args: Any, plan: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, plan: Any, extras: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         if ray is None:
             raise ConfigError(
                 "the Ray runner (placement='remote' or runner 'ray') needs Ray: "
@@ -307,6 +309,7 @@ class RayRunner(PooledRunner):
             )
         super().__init__(*args, **kwargs)
         self.plan = plan
+        self.extras = extras or {}
         self._pools: dict[int, _Pool] = {}
         self._failures = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zephon-ray-retry")
         self._session = False
@@ -337,7 +340,9 @@ class RayRunner(PooledRunner):
             step = d.step
             if step.workers == 0:
                 continue  # runs in its driver thread
-            contexts = [self.plan.context(op, op_index[id(op)]) for op in step.ops]
+            contexts = [
+                self.plan.context(op, op_index[id(op)], extras=self.extras) for op in step.ops
+            ]
             try:
                 step_bytes = cloudpickle.dumps(step)
             except Exception as exc:

@@ -1,0 +1,280 @@
+"""The replay cache: tokenizer output kept on disk so a resume does not tokenize again.
+
+A resumed lane is regenerated from its last epoch boundary (DESIGN.md §6), which means reading,
+tokenizing, packing and shuffling up to ``flush_every_k_chunks`` chunks again only for the
+replay filter to drop most of it. Tokenizing is nearly all of that cost. With a replay cache
+the ``tokenize`` operator writes what it produced, per lane and chunk, into a directory; when
+a later run replays those chunks it reads the token ids back instead of encoding the text.
+
+The cache never decides what the data is, only how fast it is rebuilt:
+
+* it lives under the plan's fingerprint (datasets, operator configs, tokenizer identity,
+  seed, lanes, chunking), so a different pipeline never reads it;
+* entries are keyed by the record's cursor, which is unique within a lane, and only read for
+  the chunks a resumed lane replays (from its epoch boundary to the end of that epoch: the
+  shuffle may emit the replay cursor's row only several chunks after the row's own chunk);
+* every file carries a CRC-32 of its contents and appears atomically (written to a temporary
+  name, then renamed); a missing, partial or corrupt file is a miss, and a miss encodes the
+  text exactly as without a cache.
+
+Layout: ``<root>/<fingerprint[:16]>/lane-<L>/chunk-<C>/op<I>-<first cursor>.tok``. The run
+that owns the cache drops a lane's chunk directories once the lane is ``keep_epochs`` epochs
+past them (:meth:`ReplayCache.evict`), so the cache holds about ``keep_epochs`` epochs per
+lane (with the bench's geometry, 8 chunks of 1024 documents, ~3 MB of tokens per chunk).
+
+File format: ``ZRC1``, a little-endian u32 header length, a JSON header (``cursors``,
+``lengths``, ``dtype``, ``crc``) and the concatenated token ids (``uint16`` when every id
+fits, else ``int32``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import struct
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .records import Cursor
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"ZRC1"
+_HEADER_LEN = struct.Struct("<I")
+#: Extras key under which a run hands the cache and the replayed chunks to the operators.
+REPLAY_CACHE = "replay_cache"
+#: Chunk indexes a process keeps loaded for lookups (a resume reads each chunk once).
+_INDEX_SLOTS = 16
+
+
+def _cursor_name(cursor: Cursor) -> str:
+    return "_".join(str(int(c)) for c in cursor)
+
+
+class ReplayCache:
+    """A directory of cached tokenizer output for one pipeline (picklable: a path and knobs).
+
+    ``replay_ends`` maps a resumed lane to the end (exclusive) of its replayed chunks; only
+    those lanes' chunks below it are looked up (set by the run; empty for a fresh start, which
+    only writes). Counters (``hits``, ``misses``, ``stored``) count in the process that
+    tokenizes.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fingerprint: str = "",
+        keep_epochs: int = 2,
+        replay_ends: dict[int, int] | None = None,
+    ) -> None:
+        if not isinstance(keep_epochs, int) or keep_epochs < 1:
+            raise ValueError(
+                f"replay cache: keep_epochs must be an integer >= 1, got {keep_epochs}"
+            )
+        self.root = Path(root)
+        self.fingerprint = fingerprint
+        self.keep_epochs = keep_epochs
+        self.replay_ends = dict(replay_ends or {})
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._index: OrderedDict[tuple[int, int, int], dict[Cursor, np.ndarray]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.stored = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "fingerprint": self.fingerprint,
+            "keep_epochs": self.keep_epochs,
+            "replay_ends": self.replay_ends,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def bind(self, fingerprint: str, replay_ends: dict[int, int] | None = None) -> ReplayCache:
+        """A copy for one run of the pipeline with ``fingerprint``."""
+        return ReplayCache(
+            self.root,
+            fingerprint=fingerprint,
+            keep_epochs=self.keep_epochs,
+            replay_ends=replay_ends,
+        )
+
+    @property
+    def directory(self) -> Path:
+        """This pipeline's directory (``root/<fingerprint[:16]>``)."""
+        return self.root / (self.fingerprint[:16] or "unbound")
+
+    def _chunk_dir(self, lane: int, chunk: int) -> Path:
+        return self.directory / f"lane-{lane:04d}" / f"chunk-{chunk:08d}"
+
+    # -- writing (workers) ----------------------------------------------------------------
+
+    def store(self, op_index: int, records: Sequence[Any], ids_list: Sequence[np.ndarray]) -> None:
+        """Write the token ids of ``records`` (grouped per lane and chunk). Never raises:
+        a cache that cannot be written only costs speed, so the error is logged once."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, rec in enumerate(records):
+            meta = rec.meta
+            groups.setdefault((meta.lane_id, int(meta.cursor[0])), []).append(i)
+        for (lane, chunk), idx in groups.items():
+            try:
+                self._write(
+                    op_index,
+                    lane,
+                    chunk,
+                    [records[i].meta.cursor for i in idx],
+                    [ids_list[i] for i in idx],
+                )
+            except OSError as exc:
+                self._warn_once(f"replay cache: cannot write under {self.directory}: {exc}")
+                return
+
+    def _write(
+        self, op_index: int, lane: int, chunk: int, cursors: list[Cursor], arrays: list[np.ndarray]
+    ) -> None:
+        lengths = [len(a) for a in arrays]
+        data = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+        dtype = "uint16" if data.size == 0 or (data.min() >= 0 and data.max() < 65536) else "int32"
+        body = data.astype(dtype, copy=False).tobytes()
+        header = json.dumps(
+            {
+                "cursors": [list(c) for c in cursors],
+                "lengths": lengths,
+                "dtype": dtype,
+                "crc": zlib.crc32(body),
+            },
+            separators=(",", ":"),
+        ).encode()
+        directory = self._chunk_dir(lane, chunk)
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / f"op{op_index}-{_cursor_name(cursors[0])}.tok"
+        tmp = directory / f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + _HEADER_LEN.pack(len(header)) + header + body)
+        os.replace(tmp, final)
+        with self._lock:
+            self.stored += len(cursors)
+
+    def _warn_once(self, message: str) -> None:
+        if not getattr(self, "_warned", False):
+            self._warned = True
+            log.warning("%s; resumes re-tokenize instead", message)
+
+    # -- reading (workers, on replay) -----------------------------------------------------
+
+    def wants(self, lane: int, chunk: int) -> bool:
+        """Whether records of ``lane``'s ``chunk`` are looked up (a replayed chunk)."""
+        end = self.replay_ends.get(lane)
+        return end is not None and chunk < end
+
+    def lookup(self, op_index: int, records: Sequence[Any]) -> list[np.ndarray | None]:
+        """Cached token ids per record (None where not cached or not replayed)."""
+        out: list[np.ndarray | None] = []
+        hits = 0
+        for rec in records:
+            meta = rec.meta
+            lane, chunk = meta.lane_id, int(meta.cursor[0])
+            found = None
+            if self.wants(lane, chunk):
+                found = self._chunk_index(op_index, lane, chunk).get(tuple(meta.cursor))
+            hits += found is not None
+            out.append(found)
+        with self._lock:
+            self.hits += hits
+            self.misses += len(records) - hits
+        return out
+
+    def _chunk_index(self, op_index: int, lane: int, chunk: int) -> dict[Cursor, np.ndarray]:
+        key = (op_index, lane, chunk)
+        with self._lock:
+            index = self._index.get(key)
+            if index is not None:
+                self._index.move_to_end(key)
+                return index
+        index = self._load_chunk(op_index, lane, chunk)
+        with self._lock:
+            self._index[key] = index
+            while len(self._index) > _INDEX_SLOTS:
+                self._index.popitem(last=False)
+        return index
+
+    def _load_chunk(self, op_index: int, lane: int, chunk: int) -> dict[Cursor, np.ndarray]:
+        index: dict[Cursor, np.ndarray] = {}
+        directory = self._chunk_dir(lane, chunk)
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            return index
+        prefix = f"op{op_index}-"
+        for name in names:
+            if not (name.startswith(prefix) and name.endswith(".tok")):
+                continue
+            path = directory / name
+            try:
+                entries = _read_file(path)
+            except (OSError, ValueError) as exc:
+                log.warning("replay cache: ignoring %s (%s); its records are tokenized", path, exc)
+                continue
+            index.update(entries)
+        return index
+
+    # -- eviction (the run's source thread) -----------------------------------------------
+
+    def evict(self, lane: int, before_chunk: int) -> None:
+        """Remove ``lane``'s chunk directories below ``before_chunk``."""
+        lane_dir = self.directory / f"lane-{lane:04d}"
+        try:
+            names = os.listdir(lane_dir)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith("chunk-"):
+                try:
+                    chunk = int(name[6:])
+                except ValueError:
+                    continue
+                if chunk < before_chunk:
+                    shutil.rmtree(lane_dir / name, ignore_errors=True)
+
+    def on_chunk(self, lane: int, chunk: int, k: int) -> None:
+        """Called as the source starts ``lane``'s ``chunk``: at an epoch start, evict the
+        chunks more than ``keep_epochs`` epochs back."""
+        if k and chunk % k == 0 and chunk >= self.keep_epochs * k:
+            self.evict(lane, chunk - self.keep_epochs * k)
+
+
+def _read_file(path: Path) -> dict[Cursor, np.ndarray]:
+    raw = path.read_bytes()
+    if raw[:4] != MAGIC or len(raw) < 8:
+        raise ValueError("not a replay cache file")
+    (hlen,) = _HEADER_LEN.unpack_from(raw, 4)
+    header = json.loads(raw[8 : 8 + hlen])
+    body = memoryview(raw)[8 + hlen :]
+    if zlib.crc32(body) != header["crc"]:
+        raise ValueError("checksum mismatch")
+    data = np.frombuffer(body, dtype=header["dtype"])
+    lengths = header["lengths"]
+    cursors = header["cursors"]
+    if len(lengths) != len(cursors) or sum(lengths) != data.size:
+        raise ValueError("header does not match the data")
+    out: dict[Cursor, np.ndarray] = {}
+    start = 0
+    for cursor, n in zip(cursors, lengths):
+        out[tuple(cursor)] = data[start : start + n].astype(np.int32)
+        start += n
+    return out
