@@ -48,9 +48,9 @@ def encoded_texts(monkeypatch):
     counter = {"texts": 0}
     original = ByteTokenizer.encode_batch
 
-    def counting(self, texts):
+    def counting(self, texts, **kwargs):
         counter["texts"] += len(texts)
-        return original(self, texts)
+        return original(self, texts, **kwargs)
 
     monkeypatch.setattr(ByteTokenizer, "encode_batch", counting)
     return counter

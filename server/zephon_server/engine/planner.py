@@ -170,7 +170,11 @@ def _workers(ops: list[Operator], execution: ExecutionConfig) -> int:
     if execution.runner == "inline":
         return 1
     explicit = [op.parallelism for op in ops if op.parallelism]
-    return max(explicit) if explicit else execution.workers
+    if explicit:
+        return max(explicit)
+    if all(op.default_parallelism == 0 for op in ops):
+        return 0  # cheap work: in the driver thread (set parallelism to use a pool)
+    return execution.workers
 
 
 def _runner_for(group: list[Operator], execution: ExecutionConfig) -> str:

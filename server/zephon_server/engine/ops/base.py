@@ -78,6 +78,10 @@ class Operator:
     default_microbatch_size: ClassVar[int] = 64
     #: Latency bound used only in non-deterministic mode (milliseconds).
     max_latency_ms: ClassVar[float | None] = 50.0
+    #: Workers for ``process_many`` when no ``parallelism`` is configured: None means the
+    #: execution's ``workers``; 0 runs it in the accumulator's driver thread, for cheap
+    #: vectorised work where handing micro-batches to a pool costs more than it saves.
+    default_parallelism: ClassVar[int | None] = None
 
     def __init__(
         self,

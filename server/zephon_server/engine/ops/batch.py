@@ -72,6 +72,7 @@ class Batch(Operator):
     """Groups ``microbatch_size`` records of one lane into a padded :class:`SampleBatch`."""
 
     op_name = "batch"
+    default_parallelism = 0  # cheap next to tokenizing: runs in its driver thread
 
     def __init__(
         self,

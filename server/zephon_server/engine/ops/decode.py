@@ -55,7 +55,7 @@ class DecodeText(Operator):
                     problem = f"missing text field {field!r} (null value)"
             if problem is None and not isinstance(text, str):
                 problem = f"text field {field!r} is {type(text).__name__}, not a string"
-            if problem is None:
+            if problem is None and not text.isascii():
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError:

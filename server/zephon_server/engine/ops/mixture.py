@@ -201,6 +201,7 @@ class EnsureMixture(Operator):
     """
 
     op_name = "ensure_mixture"
+    default_parallelism = 0  # cheap next to tokenizing: runs in its driver thread
 
     def __init__(
         self,

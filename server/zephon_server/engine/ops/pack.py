@@ -242,6 +242,8 @@ def assemble_row(
 class _PackBase(Operator):
     """Shared constructor, accumulator and assembly of the two packing operators."""
 
+    default_parallelism = 0  # row assembly is vectorised: runs in its driver thread
+
     #: Whether rows are padded to ``max_length`` (``pack_flat``).
     padded: ClassVar[bool] = False
 

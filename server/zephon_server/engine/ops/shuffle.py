@@ -293,6 +293,7 @@ class Shuffle(Operator):
     """
 
     op_name = "shuffle"
+    default_parallelism = 0  # cheap next to tokenizing: runs in its driver thread
 
     def __init__(
         self,

@@ -78,41 +78,40 @@ class Tokenize(Operator):
         self._replay_cache = ctx.extras.get(REPLAY_CACHE)
 
     def _encode(self, elems: list[Any]) -> list[np.ndarray]:
-        """Token ids per record: from the replay cache where a replayed chunk has them,
-        otherwise encoded (and written to the cache when there is one)."""
+        """Token ids per record, BOS/EOS included: from the replay cache where a replayed
+        chunk has them, otherwise encoded (and written to the cache when there is one)."""
         tok = self.tokenizer
+        prefix = (tok.bos_id,) if self.add_bos else ()
+        suffix = (tok.eos_id,) if self.add_eos else ()
         cache: ReplayCache | None = getattr(self, "_replay_cache", None)
         if cache is None:
-            return tok.encode_batch([rec.payload["text"] for rec in elems])
+            return tok.encode_batch(
+                [rec.payload["text"] for rec in elems], prefix=prefix, suffix=suffix
+            )
         op_index = self.ctx.op_index
         found: list[np.ndarray | None] = (
             cache.lookup(op_index, elems) if cache.replay_ends else [None] * len(elems)
         )
         missing = [i for i, ids in enumerate(found) if ids is None]
         if missing:
-            encoded = tok.encode_batch([elems[i].payload["text"] for i in missing])
+            encoded = tok.encode_batch(
+                [elems[i].payload["text"] for i in missing], prefix=prefix, suffix=suffix
+            )
             cache.store(op_index, [elems[i] for i in missing], encoded)
             for i, ids in zip(missing, encoded):
                 found[i] = ids
         return found  # type: ignore[return-value]
 
     def process_many(self, elems: list[Any]) -> list[Any]:
-        tok = self.tokenizer
         ids_list = self._encode(elems)
-        prefix = [tok.bos_id] if self.add_bos else []
-        suffix = [tok.eos_id] if self.add_eos else []
         max_length = self.max_length
         out: list[Any] = []
         for rec, ids in zip(elems, ids_list):
-            if prefix or suffix:
-                ids = np.concatenate(
-                    (np.asarray(prefix, np.int32), ids, np.asarray(suffix, np.int32))
-                )
             meta = rec.meta
             doc = meta.doc
             n = len(ids)
             if max_length is None or n <= max_length:
-                out.append(SampleRecord({"input_ids": ids}, meta.replace(spans=(Span(doc, 0, n),))))
+                out.append(SampleRecord({"input_ids": ids}, meta.with_spans((Span(doc, 0, n),))))
                 continue
             pieces = range(0, n, max_length)
             last = len(pieces) - 1

@@ -4,8 +4,10 @@ A runner executes one *stage* (a list of steps). It consumes an iterator of item
 (elements and controls, in stream order) and yields item lists in the same per-lane order.
 The pooled skeleton gives every step a driver thread (accumulator, serial) that dispatches
 tasks to a worker pool with a sequence number, and a collector thread that releases results
-through the step's :class:`ReorderBuffer` to the next step. Bounded queues and the reorder
-buffer's in-flight capacity give backpressure end to end.
+through the step's :class:`ReorderBuffer` to the next step. Consecutive steps without workers
+(``workers == 0``: cheap work run in the driver) share one driver thread instead, which runs
+them like the inline runner, with no reorder buffer or queue between them. Bounded queues and
+the reorder buffer's in-flight capacity give backpressure end to end.
 """
 
 from __future__ import annotations
@@ -128,10 +130,29 @@ class PooledRunner(StageRunner):
             ReorderBuffer(max(2, 2 * d.step.workers), ordered=self.ordered) for d in self.drivers
         ]
         self._spawn(self._feed, upstream, self._queues[0], name="feeder")
-        for i, driver in enumerate(self.drivers):
+        i = 0
+        while i < n:
+            driver = self.drivers[i]
+            if driver.step.workers == 0:
+                # A run of in-driver steps shares one thread, without hand-offs between them.
+                j = i
+                while j + 1 < n and self.drivers[j + 1].step.workers == 0:
+                    j += 1
+                chain = self.drivers[i : j + 1]
+                name = "+".join(d.step.name for d in chain)
+                self._spawn(
+                    self._drive_chain,
+                    chain,
+                    self._queues[i],
+                    self._queues[j + 1],
+                    name=f"drive-{name}",
+                )
+                i = j + 1
+                continue
             rb = self._buffers[i]
             self._spawn(self._drive, driver, self._queues[i], rb, name=f"drive-{driver.step.name}")
             self._spawn(self._collect, rb, self._queues[i + 1], name=f"collect-{driver.step.name}")
+            i += 1
         out_q = self._queues[-1]
         try:
             while True:
@@ -216,6 +237,43 @@ class PooledRunner(StageRunner):
         except BaseException as exc:
             with contextlib.suppress(ReorderBufferClosed):
                 rb.complete(rb.reserve(), _Error(exc), control=True)
+
+    def _drive_chain(
+        self, drivers: list[StepDriver], q: queue.Queue[Any], out_q: queue.Queue[Any]
+    ) -> None:
+        """Consecutive in-driver steps on one thread, as the inline runner runs them."""
+        timeout = 0.1 if self.ordered else self.poll_interval
+        try:
+            while not self._stop.is_set():
+                try:
+                    items = q.get(timeout=timeout)
+                except queue.Empty:
+                    if not self.ordered:
+                        items = []
+                        for d in drivers:
+                            items = execute_inline(d.feed(items)) + execute_inline(d.poll())
+                        if items and not self._put(out_q, items):
+                            return
+                    continue
+                if items is _END:
+                    items = []
+                    for d in drivers:
+                        items = execute_inline(d.feed(items)) + execute_inline(d.finish())
+                    if items and not self._put(out_q, items):
+                        return
+                    self._put(out_q, _END)
+                    return
+                if type(items) is _Error:
+                    self._put(out_q, items)
+                    return
+                for d in drivers:
+                    items = execute_inline(d.feed(items))
+                    if not self.ordered:
+                        items.extend(execute_inline(d.poll()))
+                if items and not self._put(out_q, items):
+                    return
+        except BaseException as exc:
+            self._put(out_q, _Error(exc))
 
     def _dispatch(self, items: list[Any], rb: ReorderBuffer) -> None:
         for item in items:
