@@ -85,7 +85,8 @@ EXECUTION = {
 }
 
 EXECUTION_ONLY = {
-    "parallelism": "Workers for this operator's step (default: `execution.workers`).",
+    "parallelism": "Workers for this operator's step (default: `execution.workers`; "
+    "`ensure_mixture`, packing, `shuffle` and `batch` run in their driver thread).",
     "microbatch_size": "Elements per `process_many` call (default: the operator's own, listed "
     "with each operator). For `batch` it is the batch size and shapes the data.",
     "placement": f"One of {_choices(PLACEMENTS)}: `remote` runs the operator's stage on Ray "
