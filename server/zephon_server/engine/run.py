@@ -26,7 +26,7 @@ from .runners.base import StageRunner
 from .runners.inline import InlineRunner
 from .runners.steps import StepDriver
 from .runners.threads import ThreadsRunner
-from .source import FirstBatches, LaneGate, LaneSource
+from .source import LaneGate, LaneSource
 from .work_source import WorkSource
 
 log = logging.getLogger(__name__)
@@ -135,9 +135,7 @@ class PipelineRun:
             for lane, log in self.logs.items()
             if log.start.replay_cursor is not None
         }
-        self._delivered_lanes = FirstBatches(
-            wait=any(stage.runner != "inline" for stage in plan.stages)
-        )
+        self._delivered_lanes: set[int] = set()  # lanes with a batch out (the source reads)
         self.replay_cache = (
             None
             if replay_cache is None
@@ -282,9 +280,11 @@ class PipelineRun:
             start_chunks={lane: log.start.boundary_chunk for lane, log in self.logs.items()},
             max_chunks_per_lane=self.max_chunks_per_lane,
             gate=self.gate,
-            # Resumed lanes are fed first, one at a time, each until its first batch is out.
+            # Resumed lanes are fed first, one at a time, through the chunk after their replay
+            # cursor's (cached, then usually enough for the lane's first batch) or until their
+            # first batch is out; a lane that needs more gets it in the round-robin after.
             replay_first={
-                lane: (min(self._epoch_end(cursor[0]), cursor[0] + 2), self.replay_ends[lane])
+                lane: min(self._epoch_end(cursor[0]), cursor[0] + 2)
                 for lane, cursor in targets.items()
             },
             delivered=self._delivered_lanes,

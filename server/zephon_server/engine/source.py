@@ -6,19 +6,15 @@ execution detail, since every accumulator keys its state by lane. After every
 (an epoch boundary); when a lane's chunks run out a :class:`LaneEnd` follows. ``on_chunk(lane,
 chunk_id)`` is called as each chunk starts (the replay cache evicts old epochs there).
 
-``replay_first`` (resumed lane -> (fast end, end) chunk ids) feeds those lanes first, one after
-the other, each until its first batch is out (``delivered``, a :class:`FirstBatches` the run
-fills) or its replayed chunks end, then round-robin as usual. Chunks up to the fast end (the
-chunk after the replay cursor's) are fed at once; each further one only after waiting briefly
-for the lane's first batch, so a runner's lookahead does not pull a whole epoch of new chunks
-of one lane ahead of the other lanes' replays. The order in which lanes are fed never changes a
-lane's stream.
+``replay_first`` (resumed lane -> end of its priority chunks) feeds those lanes first, one
+after the other, each through its priority chunks or until its first batch is out (it is in
+``delivered``, which the run fills), then round-robin as usual. The order in which lanes are
+fed never changes a lane's stream.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from .records import DocRef, FlushSentinel, LaneEnd, SampleMeta, SampleRecord
@@ -46,35 +42,6 @@ def chunk_records(chunk: Any) -> list[SampleRecord]:
     return out
 
 
-#: How long the source waits for a resumed lane's first batch before feeding it another chunk.
-_EXTEND_WAIT_S = 0.25
-
-
-class FirstBatches:
-    """The lanes that have produced a batch; the source may wait for one to join."""
-
-    def __init__(self, *, wait: bool) -> None:
-        self.waits = wait  # False for an inline run: the batch is out before the next pull
-        self._lanes: set[int] = set()
-        self._cond = threading.Condition()
-
-    def __contains__(self, lane: object) -> bool:
-        return lane in self._lanes
-
-    def add(self, lane: int) -> None:
-        if lane not in self._lanes:
-            with self._cond:
-                self._lanes.add(lane)
-                self._cond.notify_all()
-
-    def wait(self, lane: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` for ``lane``; True when it still has no batch."""
-        if self.waits:
-            with self._cond:
-                self._cond.wait_for(lambda: lane in self._lanes, timeout)
-        return lane not in self._lanes
-
-
 class LaneSource:
     """Yields item lists (one chunk's records, plus controls) for the selected lanes."""
 
@@ -88,8 +55,8 @@ class LaneSource:
         max_chunks_per_lane: int | None = None,
         gate: LaneGate | None = None,
         on_chunk: Callable[[int, int], None] | None = None,
-        replay_first: Mapping[int, tuple[int, int]] | None = None,
-        delivered: FirstBatches | None = None,
+        replay_first: Mapping[int, int] | None = None,
+        delivered: Container[int] = (),
     ) -> None:
         self.work_source = work_source
         self.lanes = list(lanes)
@@ -99,7 +66,7 @@ class LaneSource:
         self.gate = gate
         self.on_chunk = on_chunk
         self.replay_first = dict(replay_first or {})
-        self.delivered = delivered if delivered is not None else FirstBatches(wait=False)
+        self.delivered = delivered
         self.chunks_emitted: dict[int, int] = {lane: 0 for lane in self.lanes}
 
     def __iter__(self) -> Iterator[list[Any]]:
@@ -110,15 +77,11 @@ class LaneSource:
         gate = self.gate
         # Resumed lanes first, one after the other, each until its first batch: the first
         # lane's batches come after its own replay, not after every lane's.
-        delivered = self.delivered
         for lane in sorted(self.replay_first):
-            fast_end, end = self.replay_first[lane]
-            while lane in streams and lane not in delivered:
-                nxt = self._next_chunk_id(lane)
-                if nxt >= end or (gate is not None and not gate.ready(lane)):
+            end = self.replay_first[lane]
+            while lane in streams and lane not in self.delivered:
+                if self._next_chunk_id(lane) >= end or (gate is not None and not gate.ready(lane)):
                     break  # leave the lane to the round-robin
-                if nxt >= fast_end and not delivered.wait(lane, _EXTEND_WAIT_S):
-                    continue  # the batch is out: the loop condition moves on
                 if gate is not None and gate.closed:
                     return
                 yield self._emit(streams, lane)
