@@ -106,14 +106,15 @@ def engine_case(runner: str, workers: int) -> Case:
     )
 
 
-def service_case(ranks: int) -> Case:
+def service_case(ranks: int, *, state_dir: bool = False) -> Case:
     noun = "rank" if ranks == 1 else "ranks"
+    suffix = ", --state-dir (replay cache on)" if state_dir else ""
     return Case(
-        f"service_{ranks}",
-        f"service over loopback gRPC, {ranks} client {noun}",
-        f"service, {ranks} {noun}",
+        f"service_{ranks}" + ("_state" if state_dir else ""),
+        f"service over loopback gRPC, {ranks} client {noun}{suffix}",
+        f"service, {ranks} {noun}" + (", state" if state_dir else ""),
         "service",
-        lambda work, d: service_throughput(work, ranks, d),
+        lambda work, d: service_throughput(work, ranks, d, state_dir=state_dir),
     )
 
 
@@ -134,6 +135,7 @@ THROUGHPUT_CASES: list[Case] = [
     *([engine_case("ray", 1), engine_case("ray", 2)] if _has_ray() else []),
     service_case(1),
     service_case(2),
+    service_case(1, state_dir=True),
 ]
 """The throughput measurements, in table order (a hook: append e.g. ``engine_case(...)``).
 The Ray rows (a private local Ray started by each run) appear when Ray is installed."""
@@ -199,6 +201,13 @@ RATIOS: list[Ratio] = [
         "engine_processes_2",
         "engine_processes_1",
         style="times",
+    ),
+    Ratio(
+        "replay_cache_cost",
+        "service with --state-dir (replay cache written) / without (steady state)",
+        "service_1_state",
+        "service_1",
+        field="steady_rate",
     ),
     Ratio(
         "service_vs_tokenizer_whole",
@@ -598,11 +607,14 @@ def method(work: Workload, repeat: int) -> list[str]:
         "`max_chunks_per_lane` to the hub's run); client processes using `zephon_client."
         "DataClient` (digests verified) start before the server and read every batch; time "
         "from the hub's run construction to the last batch at any client. Two ranks = two "
-        "client processes with four lanes each.",
+        "client processes with four lanes each. The service rows run without `--state-dir` except "
+        "the one marked `--state-dir`, which also writes the replay cache (as `make run` and the "
+        "container do).",
         f"Every configuration is measured {repeat} times, interleaved (round-robin over "
         "tokenizer / engine / service, the second round in reverse order); the best run is "
         "kept and the spread between runs is shown.",
-        "Scaling ratios (1 → 2 workers) use the steady-state rate: the tokens delivered "
+        "Throughput targets and scaling ratios use the steady-state rate (a training run "
+        "lasts hours; start-up is reported as time to first batch): the tokens delivered "
         "between 25% and 75% of the run's tokens over the time they took, which leaves out "
         "start-up (worker spawn, pipeline fill: see time to first batch) and the lane-end "
         "drain; the finished work held in buffers (shuffle reservoirs, queues) is about the "

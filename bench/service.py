@@ -27,6 +27,7 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -180,8 +181,13 @@ def serve_args(work: Any, run_dir: Path, *, limited: bool, state_dir: Path | Non
     ]
 
 
-def service_throughput(work: Any, ranks: int, run_dir: Path) -> dict[str, Any]:
-    """The fixed work over loopback gRPC to ``ranks`` client processes (see the docstring)."""
+def service_throughput(
+    work: Any, ranks: int, run_dir: Path, *, state_dir: bool = False
+) -> dict[str, Any]:
+    """The fixed work over loopback gRPC to ``ranks`` client processes (see the docstring).
+
+    ``state_dir``: serve with ``--state-dir`` (a fresh one), which turns on the replay cache,
+    as ``make run`` and the container do."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in ("port", "t0"):
         (run_dir / name).unlink(missing_ok=True)
@@ -194,7 +200,11 @@ def service_throughput(work: Any, ranks: int, run_dir: Path) -> dict[str, Any]:
             args = ["-m", "bench.service", "client", "--port-file", str(run_dir / "port")]
             args += ["--rank", str(rank), "--world-size", str(ranks), "--out", str(out)]
             clients.append(spawn(args, run_dir / f"client{rank}.log"))
-        with server(serve_args(work, run_dir, limited=True), run_dir) as srv:
+        state = run_dir / "state"
+        if state.exists():
+            shutil.rmtree(state)
+        args = serve_args(work, run_dir, limited=True, state_dir=state if state_dir else None)
+        with server(args, run_dir) as srv:
             deadline = time.monotonic() + START_TIMEOUT + 3600
             while any(c.poll() is None for c in clients):
                 if srv.proc.poll() is not None:

@@ -103,7 +103,11 @@ class LaneHub:
         self.replay_cache = replay_cache
         self.max_ahead = max_ahead
         self.keep_consumed = keep_consumed
-        self._cond = threading.Condition()
+        # One lock; the general condition wakes the producer's gate and checkpoint waiters,
+        # each lane's condition only that lane's readers (no herd of every stream per batch).
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._lane_conds = {lane: threading.Condition(lock) for lane in self.lanes}
         self._resume_lock = threading.Lock()
         self._run: PipelineRun | None = None
         self._thread: threading.Thread | None = None
@@ -168,6 +172,7 @@ class LaneHub:
                 start = run.logs[lane].start.next_seq
                 self._state[lane] = _Lane(lane, start, next_seq=start, acked=start)
             gen = self._generation
+            self._wake_all()  # readers of the previous run end (HubClosed: reopen the lane)
             self._thread = threading.Thread(
                 target=self._produce, args=(run, gen), name="zephon-hub-producer", daemon=True
             )
@@ -180,7 +185,7 @@ class LaneHub:
         """Stop producing and wake every reader (they get :class:`HubClosed`)."""
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+            self._wake_all()
             run, thread = self._run, self._thread
         if run is not None:
             run.close()
@@ -239,6 +244,7 @@ class LaneHub:
                         self._evict(st)
                     elif isinstance(item, LaneEnd):
                         st.end = EndOfLane(st.next_seq, run.logs[item.lane_id].chain)
+                    self._lane_conds[item.lane_id].notify_all()
                     self._cond.notify_all()
             log.info("pipeline finished: every served lane ended")
         except BaseException as exc:
@@ -247,7 +253,7 @@ class LaneHub:
                 current = generation == self._generation and not self._closed
                 if current:
                     self._error = exc
-                    self._cond.notify_all()
+                    self._wake_all()
             if current and self.on_failure is not None:
                 self.on_failure(exc)
 
@@ -323,6 +329,7 @@ class LaneHub:
         with self._cond:
             st = self._state.get(lane)
             if st is not None and st.consumers.pop(consumer, None) is not None:
+                self._lane_conds[lane].notify_all()
                 self._cond.notify_all()
 
     def _live_stream(
@@ -343,11 +350,17 @@ class LaneHub:
                         raise OutOfRange(f"lane {lane}: seq {seq} was evicted")
                     if consumer not in st.consumers:
                         return  # closed (the call was cancelled) while waiting for a batch
-                    self._cond.wait(0.5)
+                    self._lane_conds[lane].wait(0.5)
             yield item
             if isinstance(item, EndOfLane):
                 return
             seq += 1
+
+    def _wake_all(self) -> None:
+        """Wake every waiter (stop, failure, reset); the lock is held."""
+        self._cond.notify_all()
+        for cond in self._lane_conds.values():
+            cond.notify_all()
 
     def _check(self, generation: int) -> None:
         if self._closed:
