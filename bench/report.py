@@ -478,10 +478,47 @@ def markdown(results: dict[str, Any], png_name: str = "benchmarks.png") -> str:
     return "\n".join(lines)
 
 
-def write(results: dict[str, Any], md: Path, png: Path) -> None:
+README_START = "<!-- bench-table:start"
+README_END = "<!-- bench-table:end -->"
+
+
+def readme_block(results: dict[str, Any]) -> str:
+    """The README's benchmark summary: command, machine, the Targets table and the chart."""
+    m = results["machine"]
+    return "\n".join(
+        [
+            f"`{results['command']}` on {results['date']}, {m['cores']} cores ({m['cpu']}), "
+            f"{m['memory_gb']:.0f} GB RAM, Python {m['python']}:",
+            "",
+            targets_table(results),
+            "",
+            "![throughput per configuration](docs/benchmarks.png)",
+        ]
+    )
+
+
+def write_readme(results: dict[str, Any], readme: Path) -> bool:
+    """Replace the README's block between the bench-table markers; False if it has none."""
+    if not readme.exists():
+        return False
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_START, 1)
+    marker_line, _ = rest.split("\n", 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(
+        f"{head}{README_START}{marker_line}\n{readme_block(results)}\n{README_END}{tail}"
+    )
+    return True
+
+
+def write(results: dict[str, Any], md: Path, png: Path, readme: Path | None = None) -> None:
     chart(results, png)
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(markdown(results, png_name=png.name))
+    if readme is not None:
+        write_readme(results, readme)
 
 
 def main() -> None:
@@ -491,7 +528,7 @@ def main() -> None:
     parser.add_argument("--png", default=str(DOCS / "benchmarks.png"))
     args = parser.parse_args()
     results = json.loads(Path(args.results).read_text())
-    write(results, Path(args.md), Path(args.png))
+    write(results, Path(args.md), Path(args.png), readme=ROOT / "README.md")
     print(targets_table(results))
 
 

@@ -659,6 +659,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated case keys (debugging)")
     parser.add_argument("--md", default=str(report.DOCS / "benchmarks.md"))
     parser.add_argument("--png", default=str(report.DOCS / "benchmarks.png"))
+    parser.add_argument(
+        "--no-readme",
+        dest="readme",
+        action="store_false",
+        help="do not update the README's benchmark summary (between its bench-table markers)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.docs = min(args.docs, 9000)
@@ -752,12 +758,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench.json").write_text(json.dumps(results, indent=1) + "\n")
-    report.write(results, Path(args.md), Path(args.png))
+    readme = report.ROOT / "README.md" if args.readme else None
+    report.write(results, Path(args.md), Path(args.png), readme=readme)
     print()
     print(report.throughput_table(results))
     print()
     print(report.targets_table(results))
-    print(f"\nwrote {RESULTS / 'bench.json'}, {args.md}, {args.png}")
+    print(
+        f"\nwrote {RESULTS / 'bench.json'}, {args.md}, {args.png}"
+        + (", README.md" if readme else "")
+    )
     return 0
 
 
