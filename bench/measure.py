@@ -145,6 +145,8 @@ def engine(work: Workload, runner: str, workers: int) -> dict[str, Any]:
     cpu1, child1 = cpu_seconds()  # the run is closed: worker processes are reaped
     seconds = last - t0
     return {
+        # Ray actors are not this process's children: their CPU is not in cpu_children.
+        "cpu_partial": runner == "ray",
         "runner": runner,
         "workers": workers,
         "tokens": tokens,

@@ -128,8 +128,8 @@ def throughput_table(results: dict[str, Any]) -> str:
                 _m(best["rate"]),
                 f"{best['rate'] / base:.2f}" if base else "—",
                 _m(steady) if (steady := _best_field(results, case["key"], "steady_rate")) else "—",
-                f"{best['cores']:.2f}" if "cores" in best else "—",
-                f"{cpu_per_mtok(best):.2f}",
+                f"{best['cores']:.2f}" if "cores" in best and not best.get("cpu_partial") else "—",
+                f"{cpu_per_mtok(best):.2f}" if not best.get("cpu_partial") else "—",
                 _s(ttfb) if ttfb is not None else "—",
                 spread or "—",
             ]
@@ -232,8 +232,8 @@ def why(results: dict[str, Any]) -> list[str]:
             f" Running the same operators on the threads runner costs {extra * 100:+.0f}% CPU "
             "per token against inline: micro-batches handed between the feeder, driver and "
             "worker threads through queues, GIL hand-offs between the tokenizer threads and "
-            "the Python parts (fetch, decode, pack_flat in worker threads, shuffle, batch, "
-            "digests)."
+            "the Python parts (fetch, decode and record building in the tokenizer's worker "
+            "threads; packing, shuffling, batching and digests in one driver thread)."
         )
     if tok1 and inline:
         extra = cpu_per_mtok(inline) / cpu_per_mtok(tok1) - 1
@@ -290,10 +290,13 @@ def why(results: dict[str, Any]) -> list[str]:
             f"**gRPC delivery ({value:.2f} of in-process, {(1 - value) * 100:.0f}% below).** "
             + _split(svc1, thr2, "service", "in-process")
             + f" Per million tokens the server process spent {server:.2f} CPU seconds (the "
-            f"same engine plus the hub, protobuf serialization and gRPC) against "
-            f"{cpu_per_mtok(thr2):.2f} in-process, and the client {client:.2f} (decoding and "
-            "verifying the sha256 content and chain digest of every batch). With the cores "
-            "busy, every extra CPU second per token is throughput lost."
+            f"same engine plus the hub, protobuf serialization and gRPC; its start-up before "
+            f"the run is not counted) against {cpu_per_mtok(thr2):.2f} in-process, and "
+            f"the client {client:.2f} (receiving, decoding and verifying the sha256 content and "
+            "chain digest of every batch). With the cores busy, every extra CPU second per "
+            "token is throughput lost. Here the client processes run on the same cores as the "
+            "server's tokenizer threads; in a deployment they run on the trainers' hosts and "
+            "take nothing from the tokenizer."
         )
     key = "processes_scaling"
     if key in missed and proc1 and proc2:
@@ -308,7 +311,10 @@ def why(results: dict[str, Any]) -> list[str]:
             + f" The main process (lane source, pack_flat, shuffle, batch, digests, "
             f"shared-memory transfer) used {main1:.2f} and {main2:.2f} cores, the worker "
             f"processes {work1:.2f} and {work2:.2f}. With {cores} cores, two workers and the "
-            f"main process share {cores} cores"
+            f"main process share {cores} cores: 1 worker already keeps {proc1['cores']:.2f} "
+            f"cores busy, so the most 2 workers can reach here is {cores} / "
+            f"{proc1['cores']:.2f} = {cores / proc1['cores']:.2f}x even with no overhead at "
+            "all (the target assumes free cores for the second worker)"
         )
         if tok1 and tok2:
             text += (

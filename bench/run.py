@@ -599,6 +599,10 @@ def method(work: Workload, repeat: int) -> list[str]:
         "Time runs from constructing the run (the plan is compiled beforehand) to the last "
         "batch, so start-up (tokenizer load, worker spawn) is included; time to first batch is "
         "reported separately.",
+        "Ray rows (when Ray is installed): the fusable stage runs on Ray actors of a private "
+        "local Ray that the run starts, so `ray.init` and actor start-up fall in the time to "
+        "first batch; the actors are not children of the measuring process, so their CPU "
+        "columns are left blank.",
         "Tokenizer-only: the texts of exactly the fixed work's documents, in the engine's order, "
         "encoded in calls of 64 texts by 1 or 2 Python threads (`TOKENIZERS_PARALLELISM=false`, "
         "as in the engine).",

@@ -228,7 +228,8 @@ def service_throughput(
     for t, n in events:
         total += n
         progress.append((t, total))
-    t0 = float((run_dir / "t0").read_text())
+    start = json.loads((run_dir / "t0").read_text())
+    t0 = start["time"]
     t_end = max(r["t_last"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     seconds = t_end - t0
@@ -243,10 +244,14 @@ def service_throughput(
         "ttfb": min(r["t_first"] for r in results) - started,
         "ttfb_from_run_start": min(r["t_first"] for r in results) - t0,
         "server_start": t0 - started,
+        "server_start_cpu": start["cpu"],
         "server_rss_peak": server_rss,
-        "server_cpu": server_cpu,
+        # CPU of the measured window: the server's total minus its start-up (before t0),
+        # like the in-process rows, which start counting at run construction.
+        "server_cpu": server_cpu - start["cpu"],
+        "server_cpu_total": server_cpu,
         "client_cpu": client_cpu,
-        "cores": (server_cpu + client_cpu) / seconds,
+        "cores": (server_cpu - start["cpu"] + client_cpu) / seconds,
         "clients": results,
     }
 
@@ -297,7 +302,11 @@ def serve_main(argv: list[str]) -> int:
     """``zephon serve`` whose hub runs stop every lane after ``--max-chunks-per-lane`` chunks."""
     parser = argparse.ArgumentParser(prog="python -m bench.service serve")
     parser.add_argument("--max-chunks-per-lane", type=int, default=None)
-    parser.add_argument("--t0-file", default=None, help="write time.time() at run start here")
+    parser.add_argument(
+        "--t0-file",
+        default=None,
+        help="write {time: time.time(), cpu: process CPU seconds} at run start here",
+    )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="-- then zephon serve flags")
     args = parser.parse_args(argv)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
@@ -315,7 +324,8 @@ def serve_main(argv: list[str]) -> int:
             if limit:
                 kw.setdefault("max_chunks_per_lane", limit)
             if t0_file and not os.path.exists(t0_file):
-                Path(t0_file).write_text(repr(time.time()))
+                cpu = sum(os.times()[:2])  # start-up: imports, dataset indexing, plan
+                Path(t0_file).write_text(json.dumps({"time": time.time(), "cpu": cpu}))
             super().__init__(*a, **kw)
 
     hub_module.PipelineRun = BenchRun  # type: ignore[misc]
