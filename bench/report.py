@@ -264,10 +264,15 @@ def why(results: dict[str, Any]) -> list[str]:
             + _split(svc1, tok2, "service", "tokenizer-only")
         )
         if thr2:
+            field = ratios[key].get("field", "rate")
+            eng, dlv = thr2[field] / tok2[field], svc1[field] / thr2[field]
+            measure = "steady state" if field == "steady_rate" else "whole run"
             text += (
-                f" In-process (threads x2) the engine alone reaches "
-                f"{thr2['rate'] / tok2['rate']:.2f} of the tokenizer rate and delivery over "
-                f"gRPC keeps {svc1['rate'] / thr2['rate']:.2f} of that."
+                f" In the target's measure ({measure}) the engine in-process (threads x2) "
+                f"reaches {eng:.2f} of the tokenizer rate "
+                f"and delivery over gRPC keeps {dlv:.2f} of that. On this machine the trainer "
+                "client and the server's gRPC threads share the 2 cores with the two tokenizer "
+                "threads, so every CPU second they use is taken from tokenizing."
             )
         out.append(text + engine_why)
     key = "service2_vs_tokenizer"

@@ -154,7 +154,7 @@ def read_texts(plan: Plan, refs: Iterable[tuple[int, int, int]]) -> list[str]:
 def fixed_work_texts(work: Workload) -> list[str]:
     """The texts of every document of the fixed work, in the order the engine reads them."""
     plan = load_plan(work.config, "inline", 1)
-    refs = []
+    refs: list[tuple[int, int, int]] = []
     for chunk in fixed_work_chunks(plan, work.chunks_per_lane):
         refs.extend((int(d), int(s), int(r)) for d, s, r, _ in chunk.docs.tolist())
     return read_texts(plan, refs)
@@ -181,7 +181,7 @@ def prepare(
     write_config(config, root, "byte", chunk_size=chunk_size, k=k, shuffle_buffer=shuffle_buffer)
     plan = load_plan(str(config), "inline", 1)
     documents = sum(d.num_rows for d in plan.datasets)
-    sample_refs = []
+    sample_refs: list[tuple[int, int, int]] = []
     for chunk in fixed_work_chunks(plan, max(1, math.ceil(TOKENIZER_SAMPLE / chunk_size / LANES))):
         sample_refs.extend((int(d), int(s), int(r)) for d, s, r, _ in chunk.docs.tolist())
     sample = read_texts(plan, sample_refs[:TOKENIZER_SAMPLE])
