@@ -23,7 +23,10 @@ class Fetch(Operator):
     """Reads source rows for pointer records (inserted by the planner; never configured)."""
 
     op_name = "fetch"
-    default_microbatch_size = 64
+    # Fetch heads the fused fetch → decode → tokenize step, so this is that step's call size:
+    # 256 documents amortise the per-call work (shard grouping, coalesced reads, task hand-off,
+    # reordering) better than 64 (about 5% less CPU per token on the 2-core benchmark machine).
+    default_microbatch_size = 256
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
