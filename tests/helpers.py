@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
+from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, SampleRecord
 
 
 def rec(lane: int, chunk: int, offset: int, tokens: int = 3, tombstone: str = "") -> SampleRecord:
@@ -73,3 +73,15 @@ def assert_closed_exactly_once(run) -> None:
             closed.update(meta.closes)
     assert set(closed.values()) == {1}, [d for d, n in closed.items() if n != 1][:5]
     assert len(closed) == sum(d.num_rows for d in run.plan.datasets)
+
+
+def lane_chains(run, limit=None):
+    """Consume ``run``; {lane: [(seq, chain_hex)]} (stop once every lane has ``limit``)."""
+    out: dict[int, list] = {lane: [] for lane in run.lanes}
+    for item in run:
+        if isinstance(item, SampleBatch):
+            out[item.lane_id].append((item.seq, item.chain_digest.hex()))
+            if limit is not None and all(len(v) >= limit for v in out.values()):
+                break
+    run.close()
+    return out

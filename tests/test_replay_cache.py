@@ -6,11 +6,11 @@ import logging
 
 import pytest
 
+from helpers import lane_chains
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.corpus import sample_corpus_specs, write_sample_corpus
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 from zephon_server.engine.replay_cache import ReplayCache
 from zephon_server.engine.tokenizer import ByteTokenizer
 
@@ -30,16 +30,7 @@ def pipeline(specs, *, k=4):
     return pipe.batch(microbatch_size=2)
 
 
-def chains(run, limit=None):
-    """{lane: [(seq, chain hex)]}, stopping once every lane has ``limit`` batches."""
-    out: dict[int, list] = {lane: [] for lane in run.lanes}
-    for item in run:
-        if isinstance(item, SampleBatch):
-            out[item.lane_id].append((item.seq, item.chain_digest.hex()))
-            if limit is not None and all(len(v) >= limit for v in out.values()):
-                break
-    run.close()
-    return out
+chains = lane_chains
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from helpers import lane_chains
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.corpus import sample_corpus_specs, write_sample_corpus
 from zephon_server.engine.execution import ExecutionConfig
@@ -31,16 +32,7 @@ def stateful(specs, algorithm="streaming", *, lanes=2, chunk_size=8, k=2, batch=
     return pipe.batch(microbatch_size=batch)
 
 
-def per_lane(run, limit=None):
-    """Consume ``run``; {lane: [(seq, chain_hex)]} (stop each lane after ``limit`` batches)."""
-    out: dict[int, list] = {lane: [] for lane in run.lanes}
-    for item in run:
-        if isinstance(item, SampleBatch):
-            out[item.lane_id].append((item.seq, item.chain_digest.hex()))
-            if limit is not None and all(len(v) >= limit for v in out.values()):
-                break
-    run.close()
-    return out
+per_lane = lane_chains
 
 
 @pytest.mark.parametrize("algorithm", SHUFFLES)
