@@ -84,6 +84,26 @@ def execute_inline(items: list[Any]) -> list[Any]:
     return out
 
 
+def cascade(drivers: list[StepDriver], items: list[Any], *, ordered: bool) -> list[Any]:
+    """Push ``items`` through ``drivers`` on the calling thread (the inline runner's way);
+    unordered, each step also releases its latency flushes."""
+    for driver in drivers:
+        items = execute_inline(driver.feed(items))
+        if not ordered:
+            items.extend(execute_inline(driver.poll()))
+    return items
+
+
+def cascade_release(drivers: list[StepDriver], *, end: bool) -> list[Any]:
+    """What ``drivers`` release with no new input: everything at the end of the stream
+    (``end``), else their latency flushes, each step's output fed to the next."""
+    items: list[Any] = []
+    for driver in drivers:
+        released = driver.finish() if end else driver.poll()
+        items = execute_inline(driver.feed(items)) + execute_inline(released)
+    return items
+
+
 class PooledRunner(StageRunner):
     """Driver + worker pool + reorder buffer per step; see the module docstring."""
 
@@ -249,16 +269,12 @@ class PooledRunner(StageRunner):
                     items = q.get(timeout=timeout)
                 except queue.Empty:
                     if not self.ordered:
-                        items = []
-                        for d in drivers:
-                            items = execute_inline(d.feed(items)) + execute_inline(d.poll())
+                        items = cascade_release(drivers, end=False)
                         if items and not self._put(out_q, items):
                             return
                     continue
                 if items is _END:
-                    items = []
-                    for d in drivers:
-                        items = execute_inline(d.feed(items)) + execute_inline(d.finish())
+                    items = cascade_release(drivers, end=True)
                     if items and not self._put(out_q, items):
                         return
                     self._put(out_q, _END)
@@ -266,10 +282,7 @@ class PooledRunner(StageRunner):
                 if type(items) is _Error:
                     self._put(out_q, items)
                     return
-                for d in drivers:
-                    items = execute_inline(d.feed(items))
-                    if not self.ordered:
-                        items.extend(execute_inline(d.poll()))
+                items = cascade(drivers, items, ordered=self.ordered)
                 if items and not self._put(out_q, items):
                     return
         except BaseException as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .base import ItemList, StageRunner, execute_inline
+from .base import ItemList, StageRunner, cascade, cascade_release
 
 
 class InlineRunner(StageRunner):
@@ -16,16 +16,10 @@ class InlineRunner(StageRunner):
     kind = "inline"
 
     def run(self, upstream: Iterator[ItemList]) -> Iterator[ItemList]:
-        drivers = self.drivers
         for items in upstream:
-            for driver in drivers:
-                items = execute_inline(driver.feed(items))
-                if not self.ordered:
-                    items.extend(execute_inline(driver.poll()))
+            items = cascade(self.drivers, items, ordered=self.ordered)
             if items:
                 yield items
-        items = []
-        for driver in drivers:
-            items = execute_inline(driver.feed(items)) + execute_inline(driver.finish())
+        items = cascade_release(self.drivers, end=True)
         if items:
             yield items
