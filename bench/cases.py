@@ -107,6 +107,25 @@ THROUGHPUT_CASES: list[Case] = [
 """The throughput measurements, in table order (a hook: append e.g. ``engine_case(...)``).
 The Ray rows (a private local Ray started by each run) appear when Ray is installed."""
 
+ROUND_ORDER = [
+    "tokenizer_1",
+    "engine_inline_1",
+    "engine_threads_1",
+    "engine_threads_2",
+    "service_1",
+    "tokenizer_2",
+    "service_2",
+    "service_1_state",
+    "engine_processes_1",
+    "engine_processes_2",
+    "engine_ray_1",
+    "engine_ray_2",
+]
+"""The order of the cases within a round: the two sides of each target ratio run next to
+each other (threads x2 | service 1 rank | tokenizer x2 | service 2 ranks; processes x1 | x2),
+so a ratio taken within a round compares runs seconds apart, whatever the machine's speed is
+doing over minutes. Cases not listed run last, in table order."""
+
 
 @dataclass
 class Ratio:

@@ -196,6 +196,16 @@ def _split(a: dict[str, Any], b: dict[str, Any], a_name: str, b_name: str) -> st
     )
 
 
+def pair(results: dict[str, Any], ratio_key: str, *keys: str) -> tuple[dict[str, Any] | None, ...]:
+    """The runs of ``keys`` from the round that gave ratio ``ratio_key`` its (median) value;
+    the best runs for results written before per-round ratios."""
+    ratio = next((r for r in results["ratios"] if r["key"] == ratio_key), None)
+    i = ratio.get("round") if ratio else None
+    if i is None:
+        return tuple(results["best"].get(k) for k in keys)
+    return tuple(runs[i] if len(runs := results["runs"].get(k, [])) > i else None for k in keys)
+
+
 def why(results: dict[str, Any]) -> list[str]:
     """One paragraph per missed target, derived from the numbers."""
     out = []
@@ -204,8 +214,7 @@ def why(results: dict[str, Any]) -> list[str]:
     b = results["best"]
     tok1, tok2 = b.get("tokenizer_1"), b.get("tokenizer_2")
     inline, thr2 = b.get("engine_inline_1"), b.get("engine_threads_2")
-    proc1, proc2 = b.get("engine_processes_1"), b.get("engine_processes_2")
-    svc1, svc2 = b.get("service_1"), b.get("service_2")
+    svc1 = b.get("service_1")
     cores = results["machine"]["cores"]
 
     engine_why = ""
@@ -257,15 +266,16 @@ def why(results: dict[str, Any]) -> list[str]:
         )
 
     key = "service_vs_tokenizer"
-    if key in missed and svc1 and tok2:
+    p_svc1, p_tok2, p_thr2 = pair(results, key, "service_1", "tokenizer_2", "engine_threads_2")
+    if key in missed and p_svc1 and p_tok2:
         r = ratios[key]["value"]
         text = (
             f"**Service end-to-end vs tokenizer-only ({r:.2f}, target 0.90, 1 rank).** "
-            + _split(svc1, tok2, "service", "tokenizer-only")
+            + _split(p_svc1, p_tok2, "service", "tokenizer-only")
         )
-        if thr2:
+        if p_thr2:
             field = ratios[key].get("field", "rate")
-            eng, dlv = thr2[field] / tok2[field], svc1[field] / thr2[field]
+            eng, dlv = p_thr2[field] / p_tok2[field], p_svc1[field] / p_thr2[field]
             measure = "steady state" if field == "steady_rate" else "whole run"
             text += (
                 f" In the target's measure ({measure}) the engine in-process (threads x2) "
@@ -276,27 +286,29 @@ def why(results: dict[str, Any]) -> list[str]:
             )
         out.append(text + engine_why)
     key = "service2_vs_tokenizer"
-    if key in missed and svc2 and svc1:
+    p_svc2, p_svc1 = pair(results, key, "service_2", "service_1")
+    if key in missed and p_svc2 and p_svc1:
         out.append(
             f"**Two ranks ({ratios[key]['value']:.2f}).** "
-            + _split(svc2, svc1, "2 ranks", "1 rank")
-            + f" The two client processes used {svc2['client_cpu'] / svc2['seconds']:.2f} "
-            f"cores (one client: {svc1['client_cpu'] / svc1['seconds']:.2f}) and the server "
-            f"{svc2['server_cpu'] / svc2['seconds']:.2f} "
-            f"({svc1['server_cpu'] / svc1['seconds']:.2f}) on {cores} cores: a second rank "
+            + _split(p_svc2, p_svc1, "2 ranks", "1 rank")
+            + f" The two client processes used {p_svc2['client_cpu'] / p_svc2['seconds']:.2f} "
+            f"cores (one client: {p_svc1['client_cpu'] / p_svc1['seconds']:.2f}) and the server "
+            f"{p_svc2['server_cpu'] / p_svc2['seconds']:.2f} "
+            f"({p_svc1['server_cpu'] / p_svc1['seconds']:.2f}) on {cores} cores: a second rank "
             "adds streams, decode and verify work but no tokenizer capacity."
         )
     key = "grpc_delivery"
-    if key in missed and svc1 and thr2:
+    p_svc1, p_thr2 = pair(results, key, "service_1", "engine_threads_2")
+    if key in missed and p_svc1 and p_thr2:
         value = ratios[key]["value"]
-        server = svc1["server_cpu"] / svc1["tokens"] * 1e6
-        client = svc1["client_cpu"] / svc1["tokens"] * 1e6
+        server = p_svc1["server_cpu"] / p_svc1["tokens"] * 1e6
+        client = p_svc1["client_cpu"] / p_svc1["tokens"] * 1e6
         out.append(
             f"**gRPC delivery ({value:.2f} of in-process, {(1 - value) * 100:.0f}% below).** "
-            + _split(svc1, thr2, "service", "in-process")
+            + _split(p_svc1, p_thr2, "service", "in-process")
             + f" Per million tokens the server process spent {server:.2f} CPU seconds (the "
             f"same engine plus the hub, protobuf serialization and gRPC; its start-up before "
-            f"the run is not counted) against {cpu_per_mtok(thr2):.2f} in-process, and "
+            f"the run is not counted) against {cpu_per_mtok(p_thr2):.2f} in-process, and "
             f"the client {client:.2f} (receiving, decoding and verifying the sha256 content and "
             "chain digest of every batch). With the cores busy, every extra CPU second per "
             "token is throughput lost. Here the client processes run on the same cores as the "
@@ -304,21 +316,22 @@ def why(results: dict[str, Any]) -> list[str]:
             "take nothing from the tokenizer."
         )
     key = "processes_scaling"
-    if key in missed and proc1 and proc2:
+    p_proc1, p_proc2 = pair(results, key, "engine_processes_1", "engine_processes_2")
+    if key in missed and p_proc1 and p_proc2:
         value = ratios[key]["value"]
-        main1 = proc1["cpu_main"] / proc1["seconds"]
-        main2 = proc2["cpu_main"] / proc2["seconds"]
-        work1 = proc1["cpu_children"] / proc1["seconds"]
-        work2 = proc2["cpu_children"] / proc2["seconds"]
+        main1 = p_proc1["cpu_main"] / p_proc1["seconds"]
+        main2 = p_proc2["cpu_main"] / p_proc2["seconds"]
+        work1 = p_proc1["cpu_children"] / p_proc1["seconds"]
+        work2 = p_proc2["cpu_children"] / p_proc2["seconds"]
         text = (
             f"**processes 1 → 2 workers ({ratios[key]['shown']}, target 1.7x).** "
-            + _split(proc2, proc1, "2 workers", "1 worker")
+            + _split(p_proc2, p_proc1, "2 workers", "1 worker")
             + f" The main process (lane source, pack_flat, shuffle, batch, digests, "
             f"shared-memory transfer) used {main1:.2f} and {main2:.2f} cores, the worker "
             f"processes {work1:.2f} and {work2:.2f}. With {cores} cores, two workers and the "
-            f"main process share {cores} cores: 1 worker already keeps {proc1['cores']:.2f} "
+            f"main process share {cores} cores: 1 worker already keeps {p_proc1['cores']:.2f} "
             f"cores busy, so the most 2 workers can reach here is {cores} / "
-            f"{proc1['cores']:.2f} = {cores / proc1['cores']:.2f}x even with no overhead at "
+            f"{p_proc1['cores']:.2f} = {cores / p_proc1['cores']:.2f}x even with no overhead at "
             "all (the target assumes free cores for the second worker)"
         )
         if tok1 and tok2:
@@ -328,7 +341,7 @@ def why(results: dict[str, Any]) -> list[str]:
             )
         text += (
             f". Worker start-up (spawn, imports, tokenizer load) costs "
-            f"{proc2['ttfb'] - (thr2 or proc2)['ttfb']:.2f} s more time to first batch than "
+            f"{p_proc2['ttfb'] - (thr2 or p_proc2)['ttfb']:.2f} s more time to first batch than "
             "threads x2, which the whole-run ratio "
             f"({ratios.get('processes_scaling_whole', {}).get('shown', '—')}) includes."
         )

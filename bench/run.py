@@ -29,6 +29,7 @@ import platform
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -37,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from . import report
-from .cases import RATIOS, THROUGHPUT_CASES, Case, Ratio, measure_child, steady_valid
+from .cases import (
+    RATIOS,
+    ROUND_ORDER,
+    THROUGHPUT_CASES,
+    Case,
+    Ratio,
+    measure_child,
+    steady_valid,
+)
 from .common import RESULTS
 from .service import checkpoint_rpc
 from .workload import TOKENIZER_SAMPLE, VOCAB_SIZE, Workload, prepare
@@ -49,25 +58,34 @@ KiB = 1024
 # -- cases ------------------------------------------------------------------------------------
 
 
-def interleave(cases: list[Case], reverse: bool) -> list[Case]:
-    """Round-robin over the groups (tokenizer, engine, service) so no kind runs all at once."""
-    groups: dict[str, list[Case]] = {}
-    for case in cases:
-        groups.setdefault(case.group, []).append(case)
-    order: list[Case] = []
-    while any(groups.values()):
-        for members in groups.values():
-            if members:
-                order.append(members.pop(0))
+def round_order(cases: list[Case], reverse: bool) -> list[Case]:
+    """One round's order (:data:`~bench.cases.ROUND_ORDER`); every other round is reversed, so
+    a steady drift of the machine's speed favours neither side of a ratio."""
+    rank = {key: i for i, key in enumerate(ROUND_ORDER)}
+    order = sorted(cases, key=lambda c: rank.get(c.key, len(rank)))
     return order[::-1] if reverse else order
 
 
 # -- figures ----------------------------------------------------------------------------------
 
 
-def _best_value(runs: list[dict[str, Any]] | None, field: str) -> float | None:
-    values = [r[field] for r in runs or () if r.get(field)]
-    return max(values) if values else None
+def round_ratios(
+    num: list[dict[str, Any]] | None, den: list[dict[str, Any]] | None, field: str
+) -> list[float | None]:
+    """``num / den`` within each round (None where either run lacks the field)."""
+    return [
+        a[field] / b[field] if a.get(field) and b.get(field) else None
+        for a, b in zip(num or (), den or (), strict=False)
+    ]
+
+
+def median_round(ratios: list[float | None]) -> int | None:
+    """The round whose ratio is closest to the median of the rounds' ratios."""
+    known = [v for v in ratios if v is not None]
+    if not known:
+        return None
+    mid = statistics.median(known)
+    return min((abs(v - mid), i) for i, v in enumerate(ratios) if v is not None)[1]
 
 
 def _ratio_row(
@@ -76,8 +94,8 @@ def _ratio_row(
     field, label = r.field, r.label
     if field == "steady_rate" and not steady_valid:
         field, label = "rate", label.replace("(steady state)", "(whole run: too short for steady)")
-    num = _best_value(runs.get(r.numerator), field)
-    den = _best_value(runs.get(r.denominator), field)
+    rounds = round_ratios(runs.get(r.numerator), runs.get(r.denominator), field)
+    mid = median_round(rounds)
     row: dict[str, Any] = {
         "key": r.key,
         "label": label,
@@ -89,10 +107,12 @@ def _ratio_row(
         "field": field,
         "value": None,
         "shown": "—",
+        "rounds": rounds,
+        "round": mid,
     }
-    if not num or not den:
+    if mid is None:
         return row
-    value = num / den
+    value = statistics.median(v for v in rounds if v is not None)
     row["value"] = value
     if r.style == "below":
         side = "below" if value <= 1 else "above"
@@ -101,6 +121,9 @@ def _ratio_row(
         row["shown"] = f"{value:.2f}x"
     else:
         row["shown"] = f"{value:.2f}"
+    known = [v for v in rounds if v is not None]
+    if len(known) > 1:
+        row["shown"] += " [rounds: " + ", ".join(f"{v:.2f}" for v in known) + "]"
     if r.target is not None:
         # "x% below" targets are judged in percentage points.
         row["ok"], row["verdict"] = report.verdict(value, r.target, ">=", points=r.style == "below")
@@ -381,9 +404,15 @@ def method(work: Workload, repeat: int) -> list[str]:
         "client processes with four lanes each. The service rows run without `--state-dir` except "
         "the one marked `--state-dir`, which also writes the replay cache (as `make run` and the "
         "container do).",
-        f"Every configuration is measured {repeat} times, interleaved (round-robin over "
-        "tokenizer / engine / service, the second round in reverse order); the best run is "
-        "kept and the spread between runs is shown.",
+        f"Every configuration is measured {repeat} times, in {repeat} rounds that each run "
+        "every configuration once, every other round in reverse order. Within a round the two "
+        "sides of each target ratio run back to back (`bench.cases.ROUND_ORDER`), so each "
+        "ratio is taken per round, between runs seconds apart, and the median over the rounds "
+        "is reported (the per-round values are in bench.json, `ratios[].rounds`): the "
+        "machine's speed drifts by tens of percent over minutes, which a ratio of two "
+        "best-of runs taken minutes apart would mostly measure. The throughput table shows "
+        "each configuration's best run and the spread between its runs; the explanations "
+        "of missed targets use the runs of the median round.",
         "Throughput targets and scaling ratios use the steady-state rate (a training run "
         "lasts hours; start-up is reported as time to first batch): the tokens delivered "
         "between 25% and 75% of the run's tokens over the time they took, which leaves out "
@@ -476,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c.key in wanted]
     runs: dict[str, list[dict[str, Any]]] = {}
     for rep in range(args.repeat):
-        for case in interleave(cases, reverse=rep % 2 == 1):
+        for case in round_order(cases, reverse=rep % 2 == 1):
             log.info("round %d: %s", rep + 1, case.label)
             result = case.measure(work, work_dir / f"{case.key}-{rep}")
             log.info(

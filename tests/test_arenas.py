@@ -46,7 +46,9 @@ barrier.wait()
 
 
 def arenas(mode: str, env: dict[str, str] | None = None) -> int:
-    environ = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
+    environ = {
+        k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")
+    }
     proc = subprocess.run(
         [sys.executable, "-c", COUNT_ARENAS, mode, str(THREADS)],
         env={**environ, **(env or {})},

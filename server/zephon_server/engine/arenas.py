@@ -1,7 +1,7 @@
 """glibc malloc arenas: give every thread its own, so tokenizer threads never share one.
 
 glibc's malloc serves each thread from an arena; it creates new arenas only up to
-``8 × cores`` (16 on a 2-core machine) and then makes threads share. A Hugging Face tokenizer
+``8 * cores`` (16 on a 2-core machine) and then makes threads share. A Hugging Face tokenizer
 allocates on every token, so two tokenizer threads that land on one arena serialize on its lock
 and the whole pipeline runs ~3x slower while burning ~3x the CPU. Which threads share is decided
 by thread start order, so the same process is fast on one start and slow on the next: the
