@@ -1,6 +1,6 @@
 """``make bench``: Zephon's throughput, latency and memory figures, as ratios taken in one run.
 
-``python -m bench.run [--docs 200000] [--token-budget 16e6] [--repeat 2] [--quick]`` generates
+``python -m bench.run [--docs 200000] [--token-budget 16e6] [--repeat 3] [--quick]`` generates
 (or reuses) a corpus, trains a BPE tokenizer on it, then measures, interleaving configurations
 so that machine noise spreads over all of them:
 
@@ -445,7 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--token-budget", type=float, default=16e6, help="tokens of the fixed work (about)"
     )
-    parser.add_argument("--repeat", type=int, default=2, help="runs per configuration (best)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="rounds (each runs every configuration once)"
+    )
     parser.add_argument("--shuffle-buffer", type=int, default=64, help="shuffle reservoir rows")
     parser.add_argument("--chunk-size", type=int, default=256)
     parser.add_argument("--k", type=int, default=8, help="flush_every_k_chunks")

@@ -743,6 +743,11 @@ def run_malformed_data(
                 closed.update((c.dataset, c.shard, c.row, c.tombstone) for c in batch.closed)
                 rows.update((s.dataset, s.shard, s.row) for row in batch.rows for s in row)
                 assert sum(closed.values()) < 10_000
+            # Records dropped after a lane's last batch come in its EndOfStream.
+            ends = client.lane_ends
+            figures["ends"] = ends
+            for end in ends.values():
+                closed.update((c.dataset, c.shard, c.row, c.tombstone) for c in end.closed)
         except ZephonClientError as exc:
             figures["error"] = (exc.code.name if exc.code else None, exc.message)
         finally:
@@ -760,12 +765,7 @@ def run_malformed_data(
             },
         }
         figures["health"] = health_status(srv.address)
-        # Records dropped after a lane's last batch are counted on /metrics but never reach
-        # the wire (EndOfStream carries no closed documents): the "tail".
-        wire = Counter(t for (d, _, _, t) in closed if d == 1 and t)
-        figures["tail"] = {
-            r: figures["metrics"][r] - wire.get(r, 0) for r in ("malformed", "read_error", "empty")
-        }
+        figures["wire_dropped"] = Counter(t for (d, _, _, t) in closed if d == 1 and t)
     finally:
         code = srv.terminate()
     assert code == 0, srv.output()[-3000:]
@@ -782,12 +782,15 @@ def test_malformed_data_is_skipped_and_counted_per_policy(corpus_dir, tmp_path):
     assert set(closed.values()) == {1}, "a document was closed twice"
     bad = {(s, r): t for (d, s, r, t) in closed if d == 1}
     m = figures["metrics"]
-    # The server counts every dropped record (/metrics); the wire carries those closed up to
-    # each lane's last batch. Dropped records after a lane's last batch (its tail) are only
-    # counted: EndOfStream has no list of closed documents.
-    tail = figures["tail"]
-    assert all(n >= 0 for n in tail.values()), (m, tail)
-    assert len(bad) + sum(tail.values()) == 40 + 120 + 120, (len(bad), tail)
+    # Every document of the bad dataset is closed exactly once on the wire (batches' closed,
+    # then each lane's EndOfStream for records dropped after its last batch), and every drop
+    # the server counted on /metrics reached the client with its reason.
+    assert len(bad) == 40 + 120 + 120, len(bad)
+    wire = figures["wire_dropped"]
+    assert {r: wire.get(r, 0) for r in ("malformed", "read_error", "empty")} == {
+        r: m[r] for r in ("malformed", "read_error", "empty")
+    }, (wire, m)
+    assert any(end.closed for end in figures["ends"].values()), "no lane ended on drops"
     assert m["malformed"] == len(MALFORMED), m
     # The empty document is closed once: delivered (the tokenizer adds special tokens) or
     # dropped as `empty` by the packer, per the pipeline.

@@ -285,3 +285,22 @@ def test_real_pipeline_batches_verify_on_the_client(corpus_specs):
         if seen >= 12:
             break
     assert seen >= 4
+
+
+def test_end_of_stream_carries_documents_closed_after_the_last_batch():
+    d0, d1 = DocRef(1, 2, 30, 0), DocRef(0, 1, 7, 3)
+    tombstones = (
+        SampleMeta(3, (5, 0), 1, d0, (d0,), tombstone="malformed"),
+        SampleMeta(3, (5, 1), 0, d1, (d1,), tombstone="drop_last"),
+    )
+    chain = bytes(range(32))
+    data = sw.end_response(12, chain, tombstones).SerializeToString()
+    response = pb.StreamBatchesResponse.FromString(data)
+    assert response.WhichOneof("kind") == "end"
+    end = cw.decode_end(3, response.end)
+    assert (end.lane, end.next_seq, end.chain_digest) == (3, 12, chain)
+    assert end.closed == [
+        cw.ClosedDocument(1, 2, 30, 0, "malformed"),
+        cw.ClosedDocument(0, 1, 7, 3, "drop_last"),
+    ]
+    assert cw.decode_end(0, sw.end_response(0, bytes(32)).end).closed == []

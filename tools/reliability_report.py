@@ -358,11 +358,12 @@ def bad_input(rep: Report, work: Path, corpus: Path, long: bool) -> None:
         [
             [
                 "`on_error: skip`",
-                f"{len(skip['closed'])} documents closed on the wire, none twice; /metrics "
+                f"{len(skip['closed'])} documents closed on the wire, none twice "
+                f"({sum(len(e.closed) for e in skip['ends'].values())} of them dropped after "
+                "their lane's last batch, in its `EndOfStream`); every drop on /metrics "
+                "reached the client with its reason: "
                 f'`zephon_records_skipped_total{{dataset="bad"}}` {m["skipped"]:.0f} '
-                f"(malformed {m['malformed']:.0f}, read_error {m['read_error']:.0f}); "
-                f"{sum(skip['tail'].values()):.0f} more dropped after a lane's last batch "
-                "(counted on /metrics only)",
+                f"(malformed {m['malformed']:.0f}, read_error {m['read_error']:.0f})",
             ],
             *[
                 [f"`on_error: fail`, {' '.join(k)}", f"{f['error'][0]}: {f['error'][1]}"]
@@ -392,15 +393,6 @@ def security(rep: Report, work: Path, corpus: Path) -> None:
 
 
 KNOWN_ISSUES = [
-    "A killed worker of the `processes` runner is reported after up to about "
-    "2*w*(w-1) seconds with w workers (measured: ~1-6 s with 2, 35 s with 8): "
-    "`ProcessesRunner._death_note` joins every still-running worker for 1 s, once per pending "
-    "future, before the executor terminates them. Bounding the joins to one second per step "
-    "(or caching the note) would make it sub-second.",
-    "Documents closed after a lane's last batch (its tail: `dropped_last`, `read_error`... "
-    "tombstones) never reach the client: `EndOfStream` has no `closed` list. They are counted "
-    "on `/metrics` (`zephon_records_dropped_total`); the fault scenarios use "
-    "`batch(drop_last=False)` on clean data so the wire ledger covers the whole corpus.",
     "The next-batch p99 at 64 lanes on 2 CPUs is the production burst interval (a lane gets a "
     "chunk's batches at once, then waits for the other lanes' chunks), not a stall.",
 ]

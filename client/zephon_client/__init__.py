@@ -4,7 +4,8 @@ Installs with grpcio, protobuf and numpy only; it never imports the server's eng
 
 * :class:`DataClient`: iterate it to get a rank's :class:`Batch` objects (numpy arrays) in
   strict round-robin over its lanes; ``state_dict``/``load_state_dict``, ``checkpoint``/
-  ``resume``; reconnects on ``UNAVAILABLE`` and verifies chain digests.
+  ``resume``; reconnects on ``UNAVAILABLE`` and verifies chain digests; ``lane_ends`` has each
+  ended lane's :class:`LaneEnd` (documents closed after its last batch).
 * :func:`merge_state_dicts`: union of several ranks' states (resume with another rank count).
 * :func:`lanes_for_rank`: the rank → lanes mapping.
 * ``zephon_client.torch.ZephonIterableDataset``: optional PyTorch adapter.
@@ -15,7 +16,7 @@ from .channel import AUTH_TOKEN_ENV, DEFAULT_CHANNEL_OPTIONS, TLSConfig
 from .client import Batch, CheckpointInfo, DataClient, merge_state_dicts
 from .errors import ZephonClientError
 from .mapping import lanes_for_rank
-from .wire import CHAIN_SEED, ChainMismatch, DecodedBatch, WireError
+from .wire import CHAIN_SEED, ChainMismatch, ClosedDocument, DecodedBatch, LaneEnd, WireError
 
 __version__ = "0.1.0"
 
@@ -26,8 +27,10 @@ __all__ = [
     "Batch",
     "ChainMismatch",
     "CheckpointInfo",
+    "ClosedDocument",
     "DataClient",
     "DecodedBatch",
+    "LaneEnd",
     "TLSConfig",
     "WireError",
     "ZephonClientError",

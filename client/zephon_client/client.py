@@ -53,10 +53,7 @@ from .channel import DEFAULT_CHANNEL_OPTIONS, TLSConfig, auth_metadata, make_cha
 from .errors import ZephonClientError
 from .mapping import lanes_for_rank
 from .stream import BACKOFF_INITIAL, BACKOFF_MAX, LaneStream, _describe, _Item, _retryable
-from .wire import (
-    CHAIN_SEED,
-    DecodedBatch,
-)
+from .wire import CHAIN_SEED, DecodedBatch, LaneEnd, decode_end
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +227,7 @@ class DataClient:
         self._epoch = 0
         self._run: _Run | None = None
         self._pending: _Pending | None = None
+        self._ends: dict[int, LaneEnd] = {}
         self._endpoints = [
             _Endpoint(a, make_channel(a, tls=tls, options=channel_options)) for a in addresses
         ]
@@ -300,6 +298,14 @@ class DataClient:
         """Lane → next_seq (every batch with a smaller seq consumed), for this rank's lanes."""
         with self._lock:
             return dict(self._positions)
+
+    @property
+    def lane_ends(self) -> dict[int, LaneEnd]:
+        """Lane → its :class:`~zephon_client.wire.LaneEnd`, for this rank's lanes that ended in
+        the current iteration: the final position and the documents closed after the lane's
+        last batch (records dropped since, with the reason), which no batch carries."""
+        with self._lock:
+            return dict(self._ends)
 
     def get_info(self, address: str | None = None) -> pb.GetInfoResponse:
         """A fresh ``GetInfo`` answer of the server at ``address`` (default: the first)."""
@@ -508,10 +514,18 @@ class DataClient:
                 if item is None:
                     continue  # closed, superseded or restarted: the loop head decides
                 if item.kind == "end":
+                    assert item.end is not None
+                    end = decode_end(lane, item.end)
                     logger.info(
-                        "lane %d ended at seq %d", lane, item.end.next_seq if item.end else -1
+                        "lane %d ended at seq %d (%d documents closed after its last batch)",
+                        lane,
+                        end.next_seq,
+                        len(end.closed),
                     )
                     with self._lock:
+                        if run.epoch != self._epoch or run.superseded or self._closed.is_set():
+                            continue
+                        self._ends[lane] = end
                         run.order.pop(run.index)
                         stream = run.streams.pop(lane, None)
                         if run.order:
@@ -633,6 +647,7 @@ class DataClient:
         """Positions changed: drop the pending batch and make an iteration reopen (locked)."""
         self._epoch += 1
         self._pending = None
+        self._ends.clear()
         if self._run is not None:
             self._run.cancel()
 

@@ -17,6 +17,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -29,7 +30,7 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 from .channel import TLSConfig, auth_metadata, make_channel
 from .errors import ZephonClientError
 from .stream import LaneStream
-from .wire import DecodedBatch
+from .wire import DecodedBatch, decode_end
 
 BYTE_TOKENIZER = "byte"
 
@@ -86,7 +87,15 @@ def tail(
                 stream.ack(item.batch.seq + 1)
             elif item.kind == "end":
                 assert item.end is not None
-                print(f"lane {lane}: end of stream at seq {item.end.next_seq}", file=out)
+                closed = decode_end(lane, item.end).closed
+                dropped = Counter(c.tombstone or "delivered" for c in closed)
+                after = (
+                    "; closed after the last batch: "
+                    + ", ".join(f"{n} {why}" for why, n in sorted(dropped.items()))
+                    if closed
+                    else ""
+                )
+                print(f"lane {lane}: end of stream at seq {item.end.next_seq}{after}", file=out)
                 break
             elif isinstance(item.error, grpc.RpcError):
                 raise ZephonClientError.from_rpc_error(

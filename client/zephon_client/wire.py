@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -136,16 +136,39 @@ def decode_batch(msg: pb.SampleBatch) -> DecodedBatch:
         [Segment(s.dataset, s.shard, s.row, s.epoch, s.start, s.length) for s in row.segments]
         for row in msg.rows
     ]
-    closed = [ClosedDocument(c.dataset, c.shard, c.row, c.epoch, c.tombstone) for c in msg.closed]
     return DecodedBatch(
         lane=msg.lane,
         seq=msg.seq,
         tensors=tensors,
         rows=rows,
-        closed=closed,
+        closed=decode_closed(msg.closed),
         digest=msg.digest,
         chain_digest=msg.chain_digest,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LaneEnd:
+    """The end of a lane as the server sent it (``EndOfStream``).
+
+    ``next_seq`` is one past the lane's last seq, ``chain_digest`` the chain digest of its last
+    batch, and ``closed`` the documents closed after that batch (records dropped since, with
+    the reason): with every batch's ``closed`` they close each document the lane read once."""
+
+    lane: int
+    next_seq: int
+    chain_digest: bytes
+    closed: list[ClosedDocument] = field(default_factory=list)
+
+
+def decode_closed(closed: Iterable[pb.ClosedDocument]) -> list[ClosedDocument]:
+    """A ``closed`` field as :class:`ClosedDocument` tuples."""
+    return [ClosedDocument(c.dataset, c.shard, c.row, c.epoch, c.tombstone) for c in closed]
+
+
+def decode_end(lane: int, end: pb.EndOfStream) -> LaneEnd:
+    """Decode lane ``lane``'s ``EndOfStream`` message."""
+    return LaneEnd(lane, end.next_seq, end.chain_digest, decode_closed(end.closed))
 
 
 def content_digest(tensors: Mapping[str, np.ndarray]) -> bytes:

@@ -161,12 +161,14 @@ class ClosedDocument(_message.Message):
     def __init__(self, dataset: _Optional[int] = ..., shard: _Optional[int] = ..., row: _Optional[int] = ..., epoch: _Optional[int] = ..., tombstone: _Optional[str] = ...) -> None: ...
 
 class EndOfStream(_message.Message):
-    __slots__ = ("next_seq", "chain_digest")
+    __slots__ = ("next_seq", "chain_digest", "closed")
     NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     CHAIN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
     next_seq: int
     chain_digest: bytes
-    def __init__(self, next_seq: _Optional[int] = ..., chain_digest: _Optional[bytes] = ...) -> None: ...
+    closed: _containers.RepeatedCompositeFieldContainer[ClosedDocument]
+    def __init__(self, next_seq: _Optional[int] = ..., chain_digest: _Optional[bytes] = ..., closed: _Optional[_Iterable[_Union[ClosedDocument, _Mapping]]] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("positions", "tag")

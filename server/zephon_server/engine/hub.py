@@ -32,9 +32,9 @@ from .errors import ConfigError, ZephonError
 from .execution import ExecutionConfig
 from .pipeline import Pipeline
 from .planner import Plan
-from .records import LaneEnd, SampleBatch
+from .records import LaneEnd, SampleBatch, SampleMeta
 from .replay_cache import ReplayCache
-from .run import PipelineRun
+from .run import LaneLog, PipelineRun
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,19 @@ class BadLane(ZephonError, ValueError):
 
 @dataclass
 class EndOfLane:
-    """Returned by :meth:`LaneHub.read` past a lane's last batch."""
+    """Returned by :meth:`LaneHub.read` past a lane's last batch.
+
+    ``tombstones``: records dropped after the lane's last batch (their ``closes`` and reason),
+    which no batch carries."""
 
     next_seq: int
     chain: bytes
+    tombstones: tuple[SampleMeta, ...] = ()
+
+    @classmethod
+    def of(cls, log: LaneLog) -> EndOfLane:
+        """The end of a lane whose run has ended it."""
+        return cls(log.next_seq, log.chain, tuple(log.tail_tombstones))
 
 
 @dataclass
@@ -243,7 +252,7 @@ class LaneHub:
                         st.next_seq = item.seq + 1
                         self._evict(st)
                     elif isinstance(item, LaneEnd):
-                        st.end = EndOfLane(st.next_seq, run.logs[item.lane_id].chain)
+                        st.end = EndOfLane.of(run.logs[item.lane_id])
                     self._lane_conds[item.lane_id].notify_all()
                     self._cond.notify_all()
             log.info("pipeline finished: every served lane ended")
@@ -393,7 +402,7 @@ class LaneHub:
                 if isinstance(item, SampleBatch):
                     yield item
                 elif isinstance(item, LaneEnd):
-                    yield EndOfLane(run.logs[lane].next_seq, run.logs[lane].chain)
+                    yield EndOfLane.of(run.logs[lane])
                     return
         finally:
             run.close()

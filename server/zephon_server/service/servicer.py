@@ -201,7 +201,7 @@ class DataService(pb_grpc.DataServiceServicer):
             for item in stream:
                 if isinstance(item, EndOfLane):
                     acked.sent = max(acked.sent, item.next_seq)
-                    yield end_response(item.next_seq, item.chain)
+                    yield end_response(item.next_seq, item.chain, item.tombstones)
                     # Keep the call open until the client acknowledged the tail (or left), so
                     # the final acknowledgements are recorded.
                     acked.wait_below(item.next_seq, context, self.draining)

@@ -4,10 +4,14 @@ Tensors go out in name order as raw little-endian C-order bytes (one ``tobytes``
 tensor; byte order and contiguity fixed by :func:`~zephon_server.engine.digest.wire_array`,
 the same view the content digest hashes). Row sources come from each row's ``meta.spans``;
 closed documents from the rows' ``closes`` (empty tombstone) then the tombstones' ``closes``
-(with their reason). The digests are the ones the lane output log assigned.
+(with their reason); those dropped after a lane's last batch go in its ``EndOfStream``. The
+digests are the ones the lane output log assigned.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +19,7 @@ from zephon_proto.v1 import data_service_pb2 as pb
 
 from ..engine.digest import wire_array
 from ..engine.errors import ZephonError
-from ..engine.records import SampleBatch
+from ..engine.records import SampleBatch, SampleMeta
 
 # numpy (kind, itemsize) → wire dtype; byte order is normalised by wire_array.
 _DTYPES: dict[tuple[str, int], pb.DType] = {
@@ -103,16 +107,21 @@ def batch_to_proto(batch: SampleBatch) -> pb.SampleBatch:
     for meta in batch.rows:
         for doc in meta.closes:
             msg.closed.add(dataset=doc.dataset, shard=doc.shard, row=doc.row, epoch=doc.epoch)
-    for meta in batch.tombstones:
+    add_tombstones(msg.closed, batch.tombstones)
+    return msg
+
+
+def add_tombstones(closed: Any, tombstones: Iterable[SampleMeta]) -> None:
+    """Append the documents the dropped records close, with the reason, to a ``closed`` field."""
+    for meta in tombstones:
         for doc in meta.closes:
-            msg.closed.add(
+            closed.add(
                 dataset=doc.dataset,
                 shard=doc.shard,
                 row=doc.row,
                 epoch=doc.epoch,
                 tombstone=meta.tombstone,
             )
-    return msg
 
 
 def batch_response(batch: SampleBatch) -> pb.StreamBatchesResponse:
@@ -120,8 +129,11 @@ def batch_response(batch: SampleBatch) -> pb.StreamBatchesResponse:
     return pb.StreamBatchesResponse(batch=batch_to_proto(batch))
 
 
-def end_response(next_seq: int, chain_digest: bytes) -> pb.StreamBatchesResponse:
-    """The explicit end of a lane: its final position and last chain digest."""
-    return pb.StreamBatchesResponse(
-        end=pb.EndOfStream(next_seq=next_seq, chain_digest=chain_digest)
-    )
+def end_response(
+    next_seq: int, chain_digest: bytes, tombstones: Iterable[SampleMeta] = ()
+) -> pb.StreamBatchesResponse:
+    """The explicit end of a lane: its final position, last chain digest, and the documents
+    closed by records dropped after its last batch."""
+    end = pb.EndOfStream(next_seq=next_seq, chain_digest=chain_digest)
+    add_tombstones(end.closed, tombstones)
+    return pb.StreamBatchesResponse(end=end)
