@@ -301,9 +301,10 @@ class DataClient:
 
     @property
     def lane_ends(self) -> dict[int, LaneEnd]:
-        """Lane → its :class:`~zephon_client.wire.LaneEnd`, for this rank's lanes that ended in
-        the current iteration: the final position and the documents closed after the lane's
-        last batch (records dropped since, with the reason), which no batch carries."""
+        """Lane → its :class:`~zephon_client.wire.LaneEnd`, for this rank's lanes that have
+        ended (an iteration reached their ``EndOfStream``; cleared when positions are set by
+        ``load_state_dict`` or ``resume``): the final position and the documents closed after
+        the lane's last batch (records dropped since, with the reason), which no batch carries."""
         with self._lock:
             return dict(self._ends)
 
