@@ -268,10 +268,9 @@ def why(results: dict[str, Any]) -> list[str]:
     key = "service_vs_tokenizer"
     p_svc1, p_tok2, p_thr2 = pair(results, key, "service_1", "tokenizer_2", "engine_threads_2")
     if key in missed and p_svc1 and p_tok2:
-        r = ratios[key]["value"]
         text = (
-            f"**Service end-to-end vs tokenizer-only ({r:.2f}, target 0.90, 1 rank).** "
-            + _split(p_svc1, p_tok2, "service", "tokenizer-only")
+            f"**Service end-to-end vs tokenizer-only ({ratios[key]['value']:.3f}, target 0.90, "
+            "1 rank).** " + _split(p_svc1, p_tok2, "service", "tokenizer-only")
         )
         if p_thr2:
             field = ratios[key].get("field", "rate")
@@ -289,7 +288,7 @@ def why(results: dict[str, Any]) -> list[str]:
     p_svc2, p_svc1 = pair(results, key, "service_2", "service_1")
     if key in missed and p_svc2 and p_svc1:
         out.append(
-            f"**Two ranks ({ratios[key]['value']:.2f}).** "
+            f"**Two ranks ({ratios[key]['value']:.3f}).** "
             + _split(p_svc2, p_svc1, "2 ranks", "1 rank")
             + f" The two client processes used {p_svc2['client_cpu'] / p_svc2['seconds']:.2f} "
             f"cores (one client: {p_svc1['client_cpu'] / p_svc1['seconds']:.2f}) and the server "
@@ -304,7 +303,7 @@ def why(results: dict[str, Any]) -> list[str]:
         server = p_svc1["server_cpu"] / p_svc1["tokens"] * 1e6
         client = p_svc1["client_cpu"] / p_svc1["tokens"] * 1e6
         out.append(
-            f"**gRPC delivery ({value:.2f} of in-process, {(1 - value) * 100:.0f}% below).** "
+            f"**gRPC delivery ({value:.3f} of in-process, {(1 - value) * 100:.1f}% below).** "
             + _split(p_svc1, p_thr2, "service", "in-process")
             + f" Per million tokens the server process spent {server:.2f} CPU seconds (the "
             f"same engine plus the hub, protobuf serialization and gRPC; its start-up before "
@@ -324,7 +323,7 @@ def why(results: dict[str, Any]) -> list[str]:
         work1 = p_proc1["cpu_children"] / p_proc1["seconds"]
         work2 = p_proc2["cpu_children"] / p_proc2["seconds"]
         text = (
-            f"**processes 1 → 2 workers ({ratios[key]['shown']}, target 1.7x).** "
+            f"**processes 1 → 2 workers ({ratios[key]['value']:.3f}x, target 1.7x).** "
             + _split(p_proc2, p_proc1, "2 workers", "1 worker")
             + f" The main process (lane source, pack_flat, shuffle, batch, digests, "
             f"shared-memory transfer) used {main1:.2f} and {main2:.2f} cores, the worker "

@@ -114,13 +114,15 @@ def _ratio_row(
         return row
     value = statistics.median(v for v in rounds if v is not None)
     row["value"] = value
+    # A third digit where a target judges the value, so "0.90" never reads as a miss.
+    digits = 3 if r.target is not None else 2
     if r.style == "below":
         side = "below" if value <= 1 else "above"
-        row["shown"] = f"{value:.2f} ({abs(1 - value) * 100:.1f}% {side})"
+        row["shown"] = f"{value:.{digits}f} ({abs(1 - value) * 100:.1f}% {side})"
     elif r.style == "times":
-        row["shown"] = f"{value:.2f}x"
+        row["shown"] = f"{value:.{digits}f}x"
     else:
-        row["shown"] = f"{value:.2f}"
+        row["shown"] = f"{value:.{digits}f}"
     known = [v for v in rounds if v is not None]
     if len(known) > 1:
         row["shown"] += " [rounds: " + ", ".join(f"{v:.2f}" for v in known) + "]"
