@@ -105,3 +105,40 @@ def test_execution_settings_do_not_change_the_fingerprint(corpus_specs, state_by
     for batch in run.batches():
         first.setdefault(batch.lane_id, batch.seq)
     assert first == {lane: st.next_seq for lane, st in state.lanes.items()}
+
+
+def test_store_keeps_the_newest_n_and_names_deleted_ids(tmp_path, state_bytes):
+    store = CheckpointStore(tmp_path, keep=2)
+    state = ResumeState.decode(state_bytes)
+    saved = []
+    for i in range(5):
+        state.tag = "tagged" if i == 3 else ""
+        saved.append(store.save(state)[0])
+    assert store.ids() == saved[-2:]  # tagged or not: the newest two
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{c}.zck" for c in saved[-2:]]
+    with pytest.raises(UnknownCheckpoint, match="deleted: the server keeps only the newest 2"):
+        store.load(saved[0])
+    assert store.load(saved[-1]).encode() == state.encode()
+    keep_all = CheckpointStore(tmp_path / "all")
+    for _ in range(4):
+        keep_all.save(state)
+    assert len(keep_all.ids()) == 4
+    with pytest.raises(ValueError, match="keep must be an integer >= 0"):
+        CheckpointStore(tmp_path, keep=-1)
+
+
+def test_concurrent_saves_get_distinct_ids(tmp_path, state_bytes):
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = CheckpointStore(tmp_path)
+    states = []
+    for i in range(16):
+        state = ResumeState.decode(state_bytes)
+        state.tag = f"t{i}" if i % 2 else ""
+        states.append(state)
+    with ThreadPoolExecutor(8) as pool:
+        saved = list(pool.map(store.save, states))
+    ids = [cid for cid, _ in saved]
+    assert len({cid[:13] for cid in ids}) == 16  # 16 distinct numbers, none overwritten
+    for (cid, data), state in zip(saved, states, strict=True):
+        assert store.load(cid).encode() == data == state.encode()

@@ -19,6 +19,7 @@ import os
 import re
 import struct
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,12 +273,21 @@ _ID = re.compile(r"^ckpt-(\d{8})(-[A-Za-z0-9_.-]{1,64})?$")
 
 
 class CheckpointStore:
-    """Checkpoints in a state directory: ``ckpt-<n>[-tag].zck``, newest = highest n."""
+    """Checkpoints in a state directory: ``ckpt-<n>[-tag].zck``, newest = highest n.
+
+    ``keep``: after each save, delete all but the newest ``keep`` checkpoints (tagged or not);
+    0 keeps every one. Saves are serialized, so concurrent callers get distinct ids. One server
+    process per state directory.
+    """
 
     suffix = ".zck"
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], keep: int = 0) -> None:
+        if not isinstance(keep, int) or keep < 0:
+            raise ValueError(f"keep must be an integer >= 0 (0: keep all), got {keep!r}")
         self.dir = Path(state_dir)
+        self.keep = keep
+        self._lock = threading.Lock()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.clean_temp_files()
 
@@ -296,12 +306,17 @@ class CheckpointStore:
 
     def save(self, state: ResumeState) -> tuple[str, bytes]:
         """Persist atomically under a new id; returns (id, bytes)."""
-        ids = self.ids()
-        n = int(ids[-1][5:13]) + 1 if ids else 1
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", state.tag)[:64]
-        cid = f"ckpt-{n:08d}" + (f"-{tag}" if tag else "")
         data = state.encode()
-        write_atomic(self.dir / f"{cid}{self.suffix}", data)
+        with self._lock:
+            ids = self.ids()
+            n = int(ids[-1][5:13]) + 1 if ids else 1
+            cid = f"ckpt-{n:08d}" + (f"-{tag}" if tag else "")
+            write_atomic(self.dir / f"{cid}{self.suffix}", data)
+            if self.keep:
+                for old in [*ids, cid][: -self.keep]:
+                    (self.dir / f"{old}{self.suffix}").unlink(missing_ok=True)
+                    log.info("deleted checkpoint %s (keeping the newest %d)", old, self.keep)
         return cid, data
 
     def load(self, checkpoint_id: str) -> ResumeState:
@@ -312,8 +327,15 @@ class CheckpointStore:
             )
         path = self.dir / f"{checkpoint_id}{self.suffix}"
         if not path.exists():
+            ids = self.ids()
+            deleted = ""
+            if self.keep and ids and int(checkpoint_id[5:13]) < int(ids[0][5:13]):
+                deleted = (
+                    f" (deleted: the server keeps only the newest {self.keep}; raise "
+                    "--keep-checkpoints, or resume from the state bytes the trainer saved)"
+                )
             raise UnknownCheckpoint(
-                f"unknown checkpoint id {checkpoint_id!r}; available: {self.ids()[-5:]}"
+                f"unknown checkpoint id {checkpoint_id!r}{deleted}; available: {ids[-5:]}"
             )
         return read_state_file(path)
 

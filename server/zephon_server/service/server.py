@@ -52,6 +52,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--state-dir", default=None, help="directory for checkpoints")
     p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after each checkpoint, delete all but the newest N in --state-dir (default 0: "
+        "keep all)",
+    )
+    p.add_argument(
         "--replay-cache",
         default=None,
         help="directory caching tokenizer output so a resume need not tokenize again "
@@ -113,6 +121,18 @@ def replay_cache_from_args(args: argparse.Namespace) -> ReplayCache | None:
     return ReplayCache(where, keep_epochs=epochs)
 
 
+def store_from_args(args: argparse.Namespace) -> CheckpointStore | None:
+    """The checkpoint store ``--state-dir`` / ``--keep-checkpoints`` ask for (None without)."""
+    keep = getattr(args, "keep_checkpoints", 0)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ZephonError(f"--keep-checkpoints must be an integer >= 0 (0: keep all), got {keep!r}")
+    if not args.state_dir:
+        if keep:
+            raise ZephonError("--keep-checkpoints needs --state-dir (where checkpoints are kept)")
+        return None
+    return CheckpointStore(args.state_dir, keep=keep)
+
+
 def _resume_state(arg: str | None, store: CheckpointStore | None) -> tuple[ResumeState | None, str]:
     if not arg:
         return None, ""
@@ -153,7 +173,7 @@ class Server:
         from ..cli import parse_lanes
 
         self.args = args
-        self.store = CheckpointStore(args.state_dir) if args.state_dir else None
+        self.store = store_from_args(args)
         self.hub = LaneHub(
             pipeline,
             execution,
