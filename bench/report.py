@@ -277,10 +277,9 @@ def why(results: dict[str, Any]) -> list[str]:
         elif extra < 0:
             engine_why += (
                 f" Inline, on one core, the engine measured {extra * 100:+.0f}% CPU per token "
-                "against the tokenizer alone, although it does strictly more work: the "
-                "single-thread tokenizer-only row measures high on this machine (also against "
-                "the 2-thread row), which this benchmark does not explain; read the engine's "
-                "own cost from threads x1 against inline instead."
+                "against the tokenizer alone, although it does strictly more work: measurement "
+                "noise (see the spread column); read the engine's own cost from threads x1 "
+                "against inline instead."
             )
         else:
             engine_why += (
