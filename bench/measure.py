@@ -169,9 +169,8 @@ def tokenize_texts(
     """Encode ``texts`` in ``batch``-sized calls on ``threads`` worker threads.
 
     Returns (time, tokens so far) after every call, in order. One thread is a worker thread too,
-    like the engine's tokenizer threads: the same calls made from the main thread took ~20% more
-    CPU per token, because the main thread allocates from glibc's main arena, which also holds
-    everything the process loaded (with ``MALLOC_ARENA_MAX=1`` a worker thread is as slow).
+    like the engine's tokenizer threads: the same calls made from the main thread take more CPU
+    per token on the benchmark machine (``python -m bench.main_thread``).
     """
     groups = [texts[i : i + batch] for i in range(0, len(texts), batch)]
     progress: list[tuple[float, int]] = []

@@ -398,8 +398,8 @@ def method(work: Workload, repeat: int) -> list[str]:
         "Tokenizer-only: the texts of exactly the fixed work's documents, in the engine's order, "
         "encoded in calls of 64 texts by 1 or 2 Python worker threads (`TOKENIZERS_PARALLELISM="
         "false`, as in the engine; worker threads, as in the engine, also for 1 thread: calls "
-        "from the main thread took ~20% more CPU per token, allocating from glibc's main arena, "
-        "which holds everything else the process loaded).",
+        "from the main thread took 1.07-1.34x the CPU per token here, see `python -m "
+        "bench.main_thread`).",
         "Service: `zephon serve` (threads x2, default flow control) on 127.0.0.1 with the same "
         "YAML and the same per-lane limit (`python -m bench.service serve`, which only passes "
         "`max_chunks_per_lane` to the hub's run); client processes using `zephon_client."

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +25,7 @@ from test_faults import health_status
 from test_load import metric, scrape
 
 from infra import free_port
-from service_helpers import ServerProcess, open_request, read_lane, write_config
+from service_helpers import ServerProcess, open_request, read_lane, serve_once, write_config
 from zephon_client import DataClient
 from zephon_client.errors import ZephonClientError
 from zephon_proto.v1 import data_service_pb2 as pb
@@ -606,17 +604,6 @@ def test_every_truncation_and_bit_flip_is_rejected(running):
         )
     assert running.positions() == before
     running.assert_healthy()
-
-
-def serve_once(args: list[str], workdir: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    """``zephon serve`` expected to fail at start-up (bounded)."""
-    return subprocess.run(
-        [sys.executable, "-m", "zephon_server.cli", "serve", "--port", "0", *args],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.mark.service

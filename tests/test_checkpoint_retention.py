@@ -3,24 +3,11 @@ deleted id is refused with NOT_FOUND naming the retention, and bad values fail a
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import grpc
 import pytest
 
-from service_helpers import server, write_config
+from service_helpers import serve_once, server, write_config
 from zephon_proto.v1 import data_service_pb2 as pb
-
-
-def serve_fails(args: list[str], workdir) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zephon_server.cli", "serve", "--port", "0", *args],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.mark.service
@@ -60,6 +47,6 @@ def test_server_keeps_the_newest_checkpoints(corpus_dir, tmp_path):
 )
 def test_bad_keep_checkpoints_fails_at_start_up(corpus_dir, tmp_path, extra, message):
     cfg = write_config(tmp_path / "pipeline.yaml", corpus_dir)
-    res = serve_fails(["--config", str(cfg), *extra], tmp_path)
+    res = serve_once(["--config", str(cfg), *extra], tmp_path)
     assert res.returncode == 2, res.stderr[-2000:]
     assert message in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import make_pipeline
 from zephon_client import wire as cw
+from zephon_client.tail import end_line
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine import digest
 from zephon_server.engine.errors import ZephonError
@@ -304,3 +305,9 @@ def test_end_of_stream_carries_documents_closed_after_the_last_batch():
         cw.ClosedDocument(0, 1, 7, 3, "drop_last"),
     ]
     assert cw.decode_end(0, sw.end_response(0, bytes(32)).end).closed == []
+    assert end_line(end) == (
+        "lane 3: end of stream at seq 12; closed after the last batch: 1 drop_last, 1 malformed"
+    )
+    assert end_line(cw.decode_end(0, sw.end_response(5, chain).end)) == (
+        "lane 0: end of stream at seq 5"
+    )

@@ -30,9 +30,19 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 from .channel import TLSConfig, auth_metadata, make_channel
 from .errors import ZephonClientError
 from .stream import LaneStream
-from .wire import DecodedBatch, decode_end
+from .wire import DecodedBatch, LaneEnd, decode_end
 
 BYTE_TOKENIZER = "byte"
+
+
+def end_line(end: LaneEnd) -> str:
+    """``zephon tail``'s line for a lane's end, counting the documents closed after its last
+    batch by reason."""
+    reasons = Counter(c.tombstone or "delivered" for c in end.closed)
+    after = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+    return f"lane {end.lane}: end of stream at seq {end.next_seq}" + (
+        f"; closed after the last batch: {after}" if after else ""
+    )
 
 
 def tail(
@@ -87,15 +97,7 @@ def tail(
                 stream.ack(item.batch.seq + 1)
             elif item.kind == "end":
                 assert item.end is not None
-                closed = decode_end(lane, item.end).closed
-                dropped = Counter(c.tombstone or "delivered" for c in closed)
-                after = (
-                    "; closed after the last batch: "
-                    + ", ".join(f"{n} {why}" for why, n in sorted(dropped.items()))
-                    if closed
-                    else ""
-                )
-                print(f"lane {lane}: end of stream at seq {item.end.next_seq}{after}", file=out)
+                print(end_line(decode_end(lane, item.end)), file=out)
                 break
             elif isinstance(item.error, grpc.RpcError):
                 raise ZephonClientError.from_rpc_error(
