@@ -144,6 +144,7 @@ class FakeService(pb_grpc.DataServiceServicer):
         self.stall: set[int] = set()  # lanes that never send
         self.checkpoint_requests: list[pb.CheckpointRequest] = []
         self.resume_positions: dict[int, int] = {}
+        self.active = 0  # StreamBatches calls not ended yet (cancelled calls end too)
 
     def _auth(self, context: grpc.ServicerContext) -> None:
         if self.token is None:
@@ -179,6 +180,13 @@ class FakeService(pb_grpc.DataServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lane {lane} is not served here")
         with self.lock:
             self.opens.append((lane, start, consumer))
+            self.active += 1
+
+        def ended() -> None:
+            with self.lock:
+                self.active -= 1
+
+        context.add_callback(ended)
         if self.always_unavailable:
             context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
         if self.out_of_range is not None:
@@ -624,10 +632,6 @@ def test_checkpoint_and_resume_call_the_rpcs():
 # --------------------------------------------------------------------------------------------
 
 
-def lane_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("zephon-lane-")]
-
-
 def test_close_is_prompt_while_iteration_is_blocked():
     with fake({0: 5, 1: 5}) as (service, address):
         service.stall.add(1)
@@ -649,18 +653,19 @@ def test_close_is_prompt_while_iteration_is_blocked():
         assert time.monotonic() - started < 1.0
         assert finished.wait(1.0)
         assert outcome == []
-        assert wait_for(lambda: not lane_threads(), timeout=1.0)
+        assert wait_for(lambda: service.active == 0, timeout=1.0)  # every call cancelled
         c.close()  # idempotent
         with pytest.raises(ZephonClientError, match="closed"):
             iter(c)
 
 
 def test_context_manager_closes_an_abandoned_iteration():
-    with fake({0: 40, 1: 40}) as (_, address):
+    with fake({0: 40, 1: 40}) as (service, address):
         with client(address) as c:
             it = iter(c)
             take(it, 5)
-        assert wait_for(lambda: not lane_threads(), timeout=1.0)
+            assert service.active == 2
+        assert wait_for(lambda: service.active == 0, timeout=1.0)
         assert list(it) == []
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -107,6 +109,21 @@ def test_rows_and_closed_documents():
         cw.ClosedDocument(1, 2, 12, 0, ""),
         cw.ClosedDocument(1, 2, 13, 1, "malformed"),
     ]
+
+
+def test_rows_and_closed_are_decoded_on_first_read_from_the_batch_alone():
+    msg = sw.batch_to_proto(engine_batch(sample_tensors()))
+    expected_rows = [[s.row for s in row.segments] for row in msg.rows]
+    expected_closed = [(c.row, c.tombstone) for c in msg.closed]
+    batch = cw.decode_batch(msg)
+    del msg  # the batch keeps what it has not decoded yet
+    gc.collect()
+    assert [[s.row for s in row] for row in batch.rows] == expected_rows == [[10, 11], [12]]
+    assert [(c.row, c.tombstone) for c in batch.closed] == expected_closed
+    assert expected_closed[-1] == (13, "malformed")
+    assert batch.rows is batch.rows  # decoded once
+    bare = cw.DecodedBatch(lane=0, seq=0, tensors={})
+    assert bare.rows == [] and bare.closed == [] and bare.num_rows == 0
 
 
 @pytest.mark.parametrize("name", DTYPES)

@@ -2,10 +2,12 @@
 
 A :class:`DataClient` for ``(rank, world_size)`` asks every server for its ``GetInfo``, picks
 the rank's lanes with :func:`~zephon_client.mapping.lanes_for_rank` and opens one
-``StreamBatches`` call per lane, each read by a background thread that decodes (and verifies)
-the batches into a small bounded queue (``prefetch``). Iterating the client yields
-:class:`Batch` objects in strict round-robin over the rank's lanes in lane order; a lane that
-ends drops out of the rotation and iteration stops when every lane has ended.
+``StreamBatches`` call per lane. The calls run on one background I/O thread
+(:mod:`~zephon_client.io_loop`, shared by the clients of a process), which decodes (and
+verifies) each lane's batches into a small bounded queue (``prefetch``). Iterating the
+client yields :class:`Batch` objects in strict round-robin over the rank's lanes in lane
+order; a lane that ends drops out of the rotation and iteration stops when every lane has
+ended.
 
 Consumption and positions
     A yielded batch counts as *consumed* when the caller asks for the next one (or calls
@@ -49,7 +51,14 @@ import grpc
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
-from .channel import DEFAULT_CHANNEL_OPTIONS, TLSConfig, auth_metadata, make_channel
+from .channel import (
+    DEFAULT_CHANNEL_OPTIONS,
+    TLSConfig,
+    auth_metadata,
+    close_aio_channel,
+    make_aio_channel,
+    make_channel,
+)
 from .errors import ZephonClientError
 from .mapping import lanes_for_rank
 from .stream import BACKOFF_INITIAL, BACKOFF_MAX, LaneStream, _describe, _Item, _retryable
@@ -123,13 +132,35 @@ def merge_state_dicts(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 class _Endpoint:
-    """One server: its address, channel, stub and GetInfo answer."""
+    """One server: its address, channels, stubs and GetInfo answer.
 
-    def __init__(self, address: str, channel: grpc.Channel) -> None:
+    Unary calls use a synchronous channel; ``StreamBatches`` calls run on the client's I/O
+    loop over a ``grpc.aio`` channel made on first use (:meth:`stream_stub`).
+    """
+
+    def __init__(
+        self, address: str, *, tls: TLSConfig | None, options: Sequence[tuple[str, Any]]
+    ) -> None:
         self.address = address
-        self.channel = channel
-        self.stub = pb_grpc.DataServiceStub(channel)
+        self._tls = tls
+        self._options = tuple(options)
+        self.channel = make_channel(address, tls=tls, options=options)
+        self.stub = pb_grpc.DataServiceStub(self.channel)
+        self._aio_channel: Any = None
+        self._stream_stub: pb_grpc.DataServiceStub | None = None
         self.info = pb.GetInfoResponse()
+
+    def stream_stub(self) -> pb_grpc.DataServiceStub:
+        """The ``grpc.aio`` stub for streams (its channel is made on the first call)."""
+        if self._stream_stub is None:
+            self._aio_channel = make_aio_channel(self.address, tls=self._tls, options=self._options)
+            self._stream_stub = pb_grpc.DataServiceStub(self._aio_channel)
+        return self._stream_stub
+
+    def close(self) -> None:
+        self.channel.close()
+        if self._aio_channel is not None:
+            close_aio_channel(self._aio_channel)
 
     def serves(self, lane: int) -> bool:
         return not self.info.served_lanes or lane in self.info.served_lanes
@@ -228,9 +259,7 @@ class DataClient:
         self._run: _Run | None = None
         self._pending: _Pending | None = None
         self._ends: dict[int, LaneEnd] = {}
-        self._endpoints = [
-            _Endpoint(a, make_channel(a, tls=tls, options=channel_options)) for a in addresses
-        ]
+        self._endpoints = [_Endpoint(a, tls=tls, options=channel_options) for a in addresses]
         try:
             for endpoint in self._endpoints:
                 endpoint.info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
@@ -248,7 +277,7 @@ class DataClient:
             self._routes = {lane: self._route(lane) for lane in self._lanes}
         except BaseException:
             for endpoint in self._endpoints:
-                endpoint.channel.close()
+                endpoint.close()
             raise
         self._positions: dict[int, int] = {}
         self._chains: dict[int, bytes | None] = {}
@@ -565,7 +594,7 @@ class DataClient:
             "lane %d: opening at seq %d on %s", lane, self._positions[lane], endpoint.address
         )
         return LaneStream(
-            endpoint.stub,
+            endpoint.stream_stub(),
             address=endpoint.address,
             lane=lane,
             start_seq=self._positions[lane],
@@ -743,7 +772,7 @@ class DataClient:
     # -- shutdown --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Cancel the streams, join their threads (within about a second) and close channels.
+        """Cancel the streams, wait for their readers (within about a second), close channels.
 
         Idempotent. An iteration in progress ends (its next step stops).
         """
@@ -757,7 +786,7 @@ class DataClient:
         if run is not None:
             run.close(timeout=0.8)
         for endpoint in self._endpoints:
-            endpoint.channel.close()
+            endpoint.close()
         logger.debug("zephon client %s closed", self.consumer)
 
     def __enter__(self) -> DataClient:

@@ -1,19 +1,20 @@
-"""One ``StreamBatches`` call per lane: a reader thread that decodes and verifies batches."""
+"""One ``StreamBatches`` call per lane, read on the client's I/O loop: decode and verify."""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
-import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
+from . import io_loop
 from .errors import ZephonClientError
 from .wire import ChainMismatch, DecodedBatch, content_digest, decode_batch
 from .wire import verify as verify_batch
@@ -45,11 +46,13 @@ class _Cancelled(Exception):
 class LaneStream:
     """One ``StreamBatches`` call reading ``lane`` from ``start_seq`` (internal building block).
 
-    A daemon thread reads the responses, checks their seqs, decodes them and (when
-    ``verify``) checks their digests against ``previous_chain`` (``None``: unknown, so only
-    the content digest is checked and the first batch's chain becomes the base), and puts
-    :class:`_Item` objects in a queue of ``prefetch`` slots. :meth:`ack` sends an
-    ``Ack``; :meth:`close` cancels the call and joins the thread.
+    A coroutine on the client's I/O loop (:mod:`~zephon_client.io_loop`) reads the
+    responses, checks their seqs, decodes them and (when ``verify``) checks their digests
+    against ``previous_chain`` (``None``: unknown, so only the content digest is checked and
+    the first batch's chain becomes the base), and hands :class:`_Item` objects to the
+    consumer through a mailbox of ``prefetch`` slots. ``stub`` is a ``grpc.aio`` stub made on
+    that loop. :meth:`ack` sends an ``Ack``; :meth:`close` cancels the call and waits for the
+    coroutine to finish.
     """
 
     def __init__(
@@ -71,21 +74,19 @@ class LaneStream:
         self.received = 0
         self._verify = verify
         self._previous_chain = previous_chain
-        self._requests: queue.SimpleQueue[pb.StreamBatchesRequest | None] = queue.SimpleQueue()
+        self._metadata = tuple(metadata)
+        self._open = pb.StreamBatchesRequest(
+            open=pb.OpenLane(lane=lane, start_seq=start_seq, consumer=consumer)
+        )
         # Bounded: when the consumer lags, the reader stops reading and HTTP/2 flow control
         # holds the server back (besides its ack window), so memory stays small.
-        self._items: queue.Queue[_Item] = queue.Queue(maxsize=max(1, prefetch))
+        self._items: io_loop.Mailbox[_Item] = io_loop.Mailbox(prefetch)
+        self._requests: asyncio.Queue[pb.StreamBatchesRequest | None] = asyncio.Queue()
+        self._call: Any = None
         self._done = threading.Event()
         self._cancelled = threading.Event()
         self._drained = threading.Event()
-        self._requests.put(
-            pb.StreamBatchesRequest(
-                open=pb.OpenLane(lane=lane, start_seq=start_seq, consumer=consumer)
-            )
-        )
-        self._call = stub.StreamBatches(self._request_iterator(), metadata=tuple(metadata))
-        self._thread = threading.Thread(target=self._read, name=f"zephon-lane-{lane}", daemon=True)
-        self._thread.start()
+        io_loop.submit(self._read(stub))
 
     def get(self, timeout: float | None = None) -> _Item:
         """The next item (blocks; raises ``queue.Empty`` after ``timeout``)."""
@@ -94,26 +95,27 @@ class LaneStream:
     def ack(self, next_seq: int) -> None:
         """Acknowledge every batch with seq < ``next_seq`` (no-op once the call is over)."""
         if not self._done.is_set():
-            self._requests.put(pb.StreamBatchesRequest(ack=pb.Ack(next_seq=next_seq)))
+            io_loop.call(
+                self._requests.put_nowait, pb.StreamBatchesRequest(ack=pb.Ack(next_seq=next_seq))
+            )
 
     def cancel(self) -> None:
         """Cancel the call without waiting (idempotent)."""
         if self._cancelled.is_set():
             return
         self._cancelled.set()
-        self._call.cancel()
-        self._requests.put(None)
-        with contextlib.suppress(queue.Full):  # only a wake-up for a consumer blocked in get()
-            self._items.put_nowait(_Item("error", error=_Cancelled()))
+        io_loop.call(self._cancel_call)
+        # Only a wake-up for a consumer blocked in get().
+        self._items.put_nowait(_Item("error", error=_Cancelled()))
 
     def close(self, timeout: float = 1.0, *, flush: bool = False) -> None:
-        """Cancel the call and join the reader thread (up to ``timeout`` seconds).
+        """Cancel the call and wait for its reader to finish (up to ``timeout`` seconds).
 
         ``flush`` first ends the request stream and waits (up to ``timeout / 4``) until the
         acks already queued were handed to gRPC, so the last ack is not lost to the cancel.
         """
         if flush and not self._cancelled.is_set():
-            self._requests.put(None)
+            io_loop.call(self._requests.put_nowait, None)
             self._drained.wait(timeout / 4)
             # Let the server see the acks and end the call itself (it waits for them after
             # EndOfStream) rather than racing them with a cancel.
@@ -122,100 +124,108 @@ class LaneStream:
         self.join(timeout)
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the reader thread to finish."""
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        """Wait for the reader to finish."""
+        self._done.wait(timeout)
 
-    def _request_iterator(self) -> Iterator[pb.StreamBatchesRequest]:
+    def _cancel_call(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+
+    async def _request_iterator(self) -> AsyncIterator[pb.StreamBatchesRequest]:
         try:
+            yield self._open
             while True:
-                request = self._requests.get()
+                request = await self._requests.get()
                 if request is None:
                     return
                 yield request
         finally:
             self._drained.set()
 
-    def _put(self, item: _Item) -> None:
-        """Queue ``item``, waiting for room unless the call gets cancelled."""
-        while not self._cancelled.is_set():
-            try:
-                self._items.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
+    async def _read(self, stub: pb_grpc.DataServiceStub) -> None:
+        ended = False
+        try:
+            self._call = stub.StreamBatches(self._request_iterator(), metadata=self._metadata)
+            if self._cancelled.is_set():
+                self._call.cancel()
+            ended = await self._receive(self._call)
+            if not ended:
+                self._items.put_nowait(_Item("closed"))
+        except asyncio.CancelledError:
+            if not ended:
+                self._items.put_nowait(_Item("error", error=_Cancelled()))
+        except grpc.RpcError as error:
+            if not ended:
+                self._items.put_nowait(_Item("error", error=error))
+        except Exception as error:  # decode/verify/protocol errors reach the consumer in order
+            if self._call is not None:
+                self._call.cancel()
+            self._items.put_nowait(_Item("error", error=error))
+        finally:
+            self._done.set()
+            self._requests.put_nowait(None)
 
-    def _read(self) -> None:
+    async def _receive(self, call: Any) -> bool:
+        """Read the call's responses into the mailbox; True once ``EndOfStream`` arrived."""
         expected = self.start_seq
         chain = self._previous_chain
         ended = False
-        try:
-            for response in self._call:
-                kind = response.WhichOneof("kind")
-                if kind == "batch" and not ended:
-                    msg = response.batch
-                    if msg.lane != self.lane or msg.seq != expected:
-                        raise ZephonClientError(
-                            None,
-                            f"protocol error: expected lane {self.lane} seq {expected}, "
-                            f"received lane {msg.lane} seq {msg.seq}",
-                            lane=self.lane,
-                            address=self.address,
-                        )
-                    batch = decode_batch(msg)
-                    if self._verify:
-                        if chain is None:
-                            content = content_digest(batch.tensors)
-                            if content != batch.digest:
-                                raise ChainMismatch(
-                                    batch.lane, batch.seq, "content digest", content, batch.digest
-                                )
-                        else:
-                            verify_batch(batch, chain)
-                    chain = batch.chain_digest
-                    expected += 1
-                    self.received += 1
-                    self._put(_Item("batch", batch=batch))
-                elif kind == "end" and not ended:
-                    end = response.end
-                    if end.next_seq != expected:
-                        raise ZephonClientError(
-                            None,
-                            f"protocol error: EndOfStream at next_seq {end.next_seq}, "
-                            f"expected {expected}",
-                            lane=self.lane,
-                            address=self.address,
-                        )
-                    if self._verify and chain is not None and end.chain_digest != chain:
-                        raise ChainMismatch(
-                            self.lane,
-                            end.next_seq,
-                            "end-of-stream chain digest",
-                            chain,
-                            end.chain_digest,
-                        )
-                    ended = True
-                    self._put(_Item("end", end=end))
-                elif ended:
-                    pass  # nothing may follow EndOfStream; the lane already left the rotation
-                else:
+        async for response in call:
+            kind = response.WhichOneof("kind")
+            if kind == "batch" and not ended:
+                msg = response.batch
+                if msg.lane != self.lane or msg.seq != expected:
                     raise ZephonClientError(
                         None,
-                        "protocol error: empty StreamBatchesResponse",
+                        f"protocol error: expected lane {self.lane} seq {expected}, "
+                        f"received lane {msg.lane} seq {msg.seq}",
                         lane=self.lane,
                         address=self.address,
                     )
-            if not ended:
-                self._put(_Item("closed"))
-        except grpc.RpcError as error:
-            if not ended:
-                self._put(_Item("error", error=error))
-        except Exception as error:  # decode/verify/protocol errors reach the consumer in order
-            self._call.cancel()
-            self._put(_Item("error", error=error))
-        finally:
-            self._done.set()
-            self._requests.put(None)
+                batch = decode_batch(msg)
+                if self._verify:
+                    if chain is None:
+                        content = content_digest(batch.tensors)
+                        if content != batch.digest:
+                            raise ChainMismatch(
+                                batch.lane, batch.seq, "content digest", content, batch.digest
+                            )
+                    else:
+                        verify_batch(batch, chain)
+                chain = batch.chain_digest
+                expected += 1
+                self.received += 1
+                await self._items.put(_Item("batch", batch=batch))
+            elif kind == "end" and not ended:
+                end = response.end
+                if end.next_seq != expected:
+                    raise ZephonClientError(
+                        None,
+                        f"protocol error: EndOfStream at next_seq {end.next_seq}, "
+                        f"expected {expected}",
+                        lane=self.lane,
+                        address=self.address,
+                    )
+                if self._verify and chain is not None and end.chain_digest != chain:
+                    raise ChainMismatch(
+                        self.lane,
+                        end.next_seq,
+                        "end-of-stream chain digest",
+                        chain,
+                        end.chain_digest,
+                    )
+                ended = True
+                await self._items.put(_Item("end", end=end))
+            elif ended:
+                pass  # nothing may follow EndOfStream; the lane already left the rotation
+            else:
+                raise ZephonClientError(
+                    None,
+                    "protocol error: empty StreamBatchesResponse",
+                    lane=self.lane,
+                    address=self.address,
+                )
+        return ended
 
 
 def _retryable(item: _Item, stream: LaneStream) -> bool:

@@ -27,7 +27,7 @@ import numpy as np
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
-from .channel import TLSConfig, auth_metadata, make_channel
+from .channel import TLSConfig, auth_metadata, close_aio_channel, make_aio_channel, make_channel
 from .errors import ZephonClientError
 from .stream import LaneStream
 from .wire import DecodedBatch, LaneEnd, decode_end
@@ -70,6 +70,7 @@ def tail(
     metadata = auth_metadata(auth_token)
     channel = make_channel(address, tls=tls)
     stream: LaneStream | None = None
+    aio_channel: Any = None
     printed = 0
     try:
         stub = pb_grpc.DataServiceStub(channel)
@@ -78,8 +79,9 @@ def tail(
         except grpc.RpcError as error:
             raise ZephonClientError.from_rpc_error(error, address=address) from None
         detokenize = _detokenizer(info.tokenizer) if decode else None
+        aio_channel = make_aio_channel(address, tls=tls)
         stream = LaneStream(
-            stub,
+            pb_grpc.DataServiceStub(aio_channel),
             address=address,
             lane=lane,
             start_seq=start_seq,
@@ -117,6 +119,8 @@ def tail(
     finally:
         if stream is not None:
             stream.close(flush=True)
+        if aio_channel is not None:
+            close_aio_channel(aio_channel)
         channel.close()
 
 

@@ -8,8 +8,8 @@
     loader = torch.utils.data.DataLoader(dataset, batch_size=None)  # batches come whole
 
 Each item is a dict ``{tensor name: torch.Tensor}`` (numpy arrays shared with the received
-message are read-only, so they are copied). The client already prefetches in background
-threads; use ``num_workers`` 0 or 1 (several workers would each read the same lanes).
+message are read-only, so they are copied). The client already prefetches on a background
+I/O thread; use ``num_workers`` 0 or 1 (several workers would each read the same lanes).
 ``state_dict()``/``load_state_dict()`` forward to the client (torchdata's stateful loader
 protocol): a state loaded before iterating is applied to the next client made.
 """
@@ -64,8 +64,8 @@ def _dataset_class() -> type:
             info = torch.utils.data.get_worker_info()
             if info is not None and info.num_workers > 1:
                 raise ValueError(
-                    "ZephonIterableDataset: use num_workers 0 or 1 (the client prefetches in "
-                    f"background threads; {info.num_workers} workers would read the same lanes)"
+                    "ZephonIterableDataset: use num_workers 0 or 1 (the client prefetches on "
+                    f"a background thread; {info.num_workers} workers would read the same lanes)"
                 )
             client = self.client_factory()
             if self._state is not None:

@@ -86,22 +86,75 @@ class ClosedDocument(NamedTuple):
     tombstone: str
 
 
-@dataclass(slots=True)
 class DecodedBatch:
-    """One lane batch as numpy arrays plus its provenance and digests."""
+    """One lane batch as numpy arrays plus its provenance and digests.
 
-    lane: int
-    seq: int
-    tensors: dict[str, np.ndarray]
-    rows: list[list[Segment]] = field(default_factory=list)
-    closed: list[ClosedDocument] = field(default_factory=list)
-    digest: bytes = b""
-    chain_digest: bytes = b""
+    ``lane``, ``seq``, ``tensors`` (name → read-only numpy array), ``rows`` (each row's
+    :class:`Segment` list), ``closed`` (:class:`ClosedDocument` list), ``digest`` and
+    ``chain_digest``. A batch decoded from a message (``source``) decodes ``rows`` and
+    ``closed`` on first access, since most trainers never read them; until then it keeps the
+    message.
+    """
+
+    __slots__ = ("_closed", "_rows", "_source", "chain_digest", "digest", "lane", "seq", "tensors")
+
+    def __init__(
+        self,
+        lane: int,
+        seq: int,
+        tensors: dict[str, np.ndarray],
+        rows: list[list[Segment]] | None = None,
+        closed: list[ClosedDocument] | None = None,
+        digest: bytes = b"",
+        chain_digest: bytes = b"",
+        *,
+        source: pb.SampleBatch | None = None,
+    ) -> None:
+        self.lane = lane
+        self.seq = seq
+        self.tensors = tensors
+        self.digest = digest
+        self.chain_digest = chain_digest
+        self._rows = rows if rows is not None or source is not None else []
+        self._closed = closed if closed is not None or source is not None else []
+        self._source = source
+
+    @property
+    def rows(self) -> list[list[Segment]]:
+        """Each row's segments: which document's tokens ``[start, start + length)`` it holds."""
+        if self._rows is None:
+            assert self._source is not None
+            self._rows = [
+                [
+                    Segment(s.dataset, s.shard, s.row, s.epoch, s.start, s.length)
+                    for s in row.segments
+                ]
+                for row in self._source.rows
+            ]
+            self._release()
+        return self._rows
+
+    @property
+    def closed(self) -> list[ClosedDocument]:
+        """The documents this batch closes (delivered, or dropped with a tombstone)."""
+        if self._closed is None:
+            assert self._source is not None
+            self._closed = decode_closed(self._source.closed)
+            self._release()
+        return self._closed
+
+    def _release(self) -> None:
+        if self._rows is not None and self._closed is not None:
+            self._source = None
 
     @property
     def num_rows(self) -> int:
         """Rows in the batch (the first dimension of its tensors)."""
         return len(self.rows)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{name}{list(arr.shape)}" for name, arr in sorted(self.tensors.items()))
+        return f"DecodedBatch(lane={self.lane}, seq={self.seq}, tensors=[{shapes}])"
 
 
 def decode_tensor(tensor: pb.Tensor) -> np.ndarray:
@@ -126,24 +179,21 @@ def decode_tensor(tensor: pb.Tensor) -> np.ndarray:
 
 
 def decode_batch(msg: pb.SampleBatch) -> DecodedBatch:
-    """Decode a ``SampleBatch`` message: tensors by name, row sources, closed documents."""
+    """Decode a ``SampleBatch`` message: tensors by name now; row sources and closed
+    documents when first read (:class:`DecodedBatch` keeps ``msg`` until then: do not
+    modify it)."""
     tensors: dict[str, np.ndarray] = {}
     for tensor in msg.tensors:
         if tensor.name in tensors:
             raise WireError(f"lane {msg.lane} seq {msg.seq}: tensor {tensor.name!r} appears twice")
         tensors[tensor.name] = decode_tensor(tensor)
-    rows = [
-        [Segment(s.dataset, s.shard, s.row, s.epoch, s.start, s.length) for s in row.segments]
-        for row in msg.rows
-    ]
     return DecodedBatch(
         lane=msg.lane,
         seq=msg.seq,
         tensors=tensors,
-        rows=rows,
-        closed=decode_closed(msg.closed),
         digest=msg.digest,
         chain_digest=msg.chain_digest,
+        source=msg,
     )
 
 

@@ -1,0 +1,125 @@
+"""The client's I/O thread: one asyncio event loop running every ``StreamBatches`` call.
+
+All lanes of all :class:`~zephon_client.DataClient` objects in a process are read by one
+daemon thread (``zephon-client-io``) running ``grpc.aio`` calls, rather than by a reader
+thread per lane on top of the synchronous gRPC API. Each received batch then costs one
+wake-up of the consumer instead of a chain of thread hand-offs (the gRPC polling thread, the
+call's condition variable, a reader thread, a queue): on the benchmark's 214 KB batches the
+client's CPU per batch fell by about a third (``docs/decisions.md``).
+
+The loop starts on first use. A forked child starts its own on first use: threads do not
+survive ``fork``, so a client must be created in the process that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import os
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    """The running I/O loop, started on first use."""
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            ready = threading.Event()
+            new = asyncio.new_event_loop()
+
+            def run() -> None:
+                asyncio.set_event_loop(new)
+                new.call_soon(ready.set)
+                new.run_forever()
+
+            threading.Thread(target=run, name="zephon-client-io", daemon=True).start()
+            ready.wait()
+            _loop = new
+        return _loop
+
+
+def _forget_loop_after_fork() -> None:
+    global _loop, _lock
+    _lock = threading.Lock()
+    _loop = None  # its thread did not survive the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_loop_after_fork)
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Run ``coro`` on the I/O loop; its result arrives in the returned future."""
+    return asyncio.run_coroutine_threadsafe(coro, loop())
+
+
+def call(fn: Callable[..., Any], *args: Any) -> None:
+    """Call ``fn(*args)`` on the I/O loop soon (from any thread)."""
+    loop().call_soon_threadsafe(fn, *args)
+
+
+def run(fn: Callable[[], Awaitable[T] | T], timeout: float | None = None) -> T:
+    """Call ``fn`` on the I/O loop and wait for its result (awaited if it is awaitable)."""
+
+    async def wrapper() -> T:
+        result = fn()
+        if isinstance(result, Awaitable):
+            return await result  # type: ignore[no-any-return]
+        return result
+
+    return submit(wrapper()).result(timeout)
+
+
+class Mailbox(Generic[T]):
+    """A bounded hand-off from coroutines on the I/O loop to one consuming thread.
+
+    :meth:`put` (on the loop) waits while ``maxsize`` items are queued, without blocking the
+    loop; :meth:`get` (in the consumer's thread) blocks until an item arrives.
+    :meth:`put_nowait` ignores the bound (wake-ups and final items).
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self._maxsize = max(1, maxsize)
+        self._items: collections.deque[T] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._space: asyncio.Future[None] | None = None  # the loop waits on it while full
+
+    async def put(self, item: T) -> None:
+        while True:
+            with self._cond:
+                if len(self._items) < self._maxsize:
+                    self._items.append(item)
+                    self._cond.notify()
+                    return
+                space = self._space = asyncio.get_running_loop().create_future()
+            await space
+
+    def put_nowait(self, item: T) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify()
+
+    def get(self, timeout: float | None = None) -> T:
+        """The next item; ``queue.Empty`` after ``timeout`` seconds without one."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._items, timeout):
+                raise queue.Empty
+            item = self._items.popleft()
+            space, self._space = self._space, None
+        if space is not None:
+            space.get_loop().call_soon_threadsafe(_resolve, space)
+        return item
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
