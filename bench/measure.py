@@ -377,7 +377,7 @@ def resume(work: Workload, runner: str = "threads", workers: int = 2) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one benchmark measurement (child process)")
-    parser.add_argument("kind", choices=("engine", "tokenizer", "long", "resume"))
+    parser.add_argument("kind", choices=("engine", "tokenizer", "long", "resume", "delivery"))
     parser.add_argument("--workload", required=True, help="workload JSON file")
     parser.add_argument("--out", required=True, help="result JSON file")
     parser.add_argument("--runner", default="threads")
@@ -394,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         result = _profiled(args.profile, lambda: tokenizer(work, args.threads))
     elif args.kind == "long":
         result = long_run(work, args.runner, args.workers)
+    elif args.kind == "delivery":
+        from .delivery import measure as delivery_cost
+
+        result = delivery_cost(work.config)
     else:
         result = resume(work, args.runner, args.workers)
     result["python"] = sys.version.split()[0]

@@ -166,6 +166,69 @@ def info_table(results: dict[str, Any]) -> str:
     return table(rows, ["figure", "measured", "note"])
 
 
+# -- delivery cost ---------------------------------------------------------------------
+
+DELIVERY_PARTS = (
+    ("server", "build the message (tensors, row sources, closed documents)", "server_build_us"),
+    ("server", "serialize it for gRPC", "server_serialize_us"),
+    ("server", "serialize it again to count zephon_sent_bytes_total", "server_bytes_metric_us"),
+    ("server", "gRPC: send the message, receive its Ack", "transport_server_us"),
+    ("client", "gRPC: receive the message, send its Ack", "transport_client_us"),
+    ("client", "parse and decode the tensors", "client_parse_decode_us"),
+    ("client", "verify the content and chain digests (sha256)", "client_verify_us"),
+)
+
+
+def engine_us_per_batch(results: dict[str, Any]) -> float | None:
+    """CPU microseconds the in-process engine (threads x2) spends per delivered batch."""
+    d = results.get("delivery")
+    cpu = median_cpu_per_mtok(results, "engine_threads_2")
+    if not d or cpu is None:
+        return None
+    return cpu * d["tokens_per_batch"]  # (s per 1e6 tokens) * tokens * 1e6 us/s / 1e6
+
+
+def delivery_parts(results: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(sum of the parts, of which the gRPC transport, the engine's CPU) in us per batch."""
+    d = results.get("delivery")
+    engine = engine_us_per_batch(results)
+    if not d or engine is None:
+        return None
+    total = sum(d[key] for _, _, key in DELIVERY_PARTS)
+    return total, d["transport_server_us"] + d["transport_client_us"], engine
+
+
+def delivery_table(results: dict[str, Any]) -> str:
+    """The per-batch delivery costs as a Markdown table (empty without a measurement)."""
+    d = results.get("delivery")
+    parts = delivery_parts(results)
+    if not d or parts is None:
+        return ""
+    total, _, engine = parts
+    rows = [
+        [side, what, f"{d[key]:.0f}", f"{d[key] / engine:.1%}"]
+        for side, what, key in DELIVERY_PARTS
+    ]
+    rows.append(["", "**sum of the parts**", f"**{total:.0f}**", f"**{total / engine:.1%}**"])
+    rows.append(
+        [
+            "client",
+            "the real DataClient, whole (transport, decode, verify, hand-off to the trainer)",
+            f"{d['data_client_us']:.0f}",
+            f"{d['data_client_us'] / engine:.1%}",
+        ]
+    )
+    rows.append(
+        [
+            "client",
+            "the same without verification (`verify=False`)",
+            f"{d['data_client_no_verify_us']:.0f}",
+            f"{d['data_client_no_verify_us'] / engine:.1%}",
+        ]
+    )
+    return table(rows, ["side", "part", "CPU µs per batch", "of the engine's CPU per batch"])
+
+
 # -- why ---------------------------------------------------------------------------------
 
 
@@ -343,6 +406,27 @@ def why(results: dict[str, Any]) -> list[str]:
             "server's tokenizer threads; in a deployment they run on the trainers' hosts and "
             "take nothing from the tokenizer."
         )
+        parts = delivery_parts(results)
+        if parts is not None:
+            total, transport, engine = parts
+            kib = results["delivery"]["message_bytes"] / 1024
+            d = results["delivery"]
+            in_service = client * d["tokens_per_batch"]  # client CPU s/Mtok -> us per batch
+            out[-1] += (
+                f" Measured part by part (table below, `python -m bench.delivery`), one "
+                f"batch costs {total:.0f} µs of CPU to deliver against the engine's "
+                f"{engine / 1000:.1f} ms to make it ({total / engine:.1%}); gRPC's own "
+                f"per-message work in Python, moving a {kib:.0f} KiB message and its Ack, is "
+                f"{transport:.0f} µs of that ({transport / engine:.1%}) before any Zephon code "
+                f"runs, and checking the digests on the client {d['client_verify_us']:.0f} µs. "
+                f"Part of the rest of the measured gap is contention for the 2 cores: in the "
+                f"service "
+                f"runs the client used {in_service:.0f} µs per batch, against "
+                f"{d['data_client_us']:.0f} µs when it runs beside a replay server instead of "
+                "two tokenizer threads. Meeting 5% here would need fewer messages per token "
+                "(larger batches) or a transport with less per-message work than Python gRPC; "
+                "with the trainers on their own hosts, the client's share leaves these cores."
+            )
     key = "processes_scaling"
     p_proc1, p_proc2 = pair(results, key, "engine_processes_1", "engine_processes_2")
     if key in missed and p_proc1 and p_proc2:
@@ -518,6 +602,22 @@ def markdown(results: dict[str, Any], png_name: str = "benchmarks.png") -> str:
         "",
         throughput_table(results),
         "",
+    ]
+    delivery = delivery_table(results)
+    if delivery:
+        lines += [
+            "## Delivery cost per batch",
+            "",
+            "CPU per batch of each part of delivering a batch over gRPC, measured by "
+            "`python -m bench.delivery` (replayed messages, so no tokenizer runs beside it), "
+            "against the CPU the in-process engine (threads x2) spends making a batch. The "
+            "gRPC rows are a bare `grpc.aio` client and a replay server that only move the "
+            "bytes and the Acks.",
+            "",
+            delivery,
+            "",
+        ]
+    lines += [
         "## Other figures",
         "",
         info_table(results),

@@ -524,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.setdefault(case.key, []).append(result)
     best = {key: max(rs, key=lambda r: r["rate"]) for key, rs in runs.items()}
 
-    long = res = rpc = None
+    long = res = rpc = delivery = None
     if not args.only:
         log.info("long run (RSS)")
         long = measure_child("long", work, work_dir / "long")
@@ -532,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         res = measure_child("resume", work, work_dir / "resume")
         log.info("Checkpoint RPC")
         rpc = checkpoint_rpc(work, work_dir / "checkpoint-rpc")
+        log.info("delivery cost per batch")
+        delivery = measure_child("delivery", work, work_dir / "delivery")
 
     mach["load_after"] = list(os.getloadavg())
     fixed_tokens = best[cases[0].key]["tokens"] if cases else 0
@@ -560,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         "long": long,
         "resume": res,
         "checkpoint_rpc": rpc,
+        "delivery": delivery,
         "method": method(work, args.repeat),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

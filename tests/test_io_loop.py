@@ -74,3 +74,19 @@ def test_a_forked_child_starts_its_own_loop():
     assert os.read(read, 1) == b"1"
     os.waitpid(pid, 0)
     assert io_loop.loop() is parent
+
+
+def test_only_grpc_poller_wake_up_errors_are_silenced(caplog):
+    loop = io_loop.loop()
+    assert loop.get_exception_handler() is io_loop._exception_handler
+    with caplog.at_level("DEBUG", logger="zephon_client.io_loop"):
+        io_loop._exception_handler(
+            loop, {"message": "Exception in callback", "exception": BlockingIOError(11, "x")}
+        )
+    assert "spurious" in caplog.text
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="asyncio"):
+        io_loop._exception_handler(
+            loop, {"message": "Exception in callback", "exception": ValueError("real")}
+        )
+    assert "real" in caplog.text  # anything else reaches asyncio's default handler

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import logging
 import os
 import queue
 import threading
@@ -23,6 +24,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -37,6 +40,7 @@ def loop() -> asyncio.AbstractEventLoop:
             new = asyncio.new_event_loop()
 
             def run() -> None:
+                new.set_exception_handler(_exception_handler)
                 asyncio.set_event_loop(new)
                 new.call_soon(ready.set)
                 new.run_forever()
@@ -45,6 +49,20 @@ def loop() -> asyncio.AbstractEventLoop:
             ready.wait()
             _loop = new
         return _loop
+
+
+def _exception_handler(event_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The default handler, minus grpc.aio's spurious wake-up errors.
+
+    When another thread of the process runs its own ``grpc.aio`` loop, gRPC wakes every loop
+    bound to its completion queue and all but one find nothing to read: ``BlockingIOError``
+    from ``PollerCompletionQueue._handle_events``, harmless (grpc/grpc#25364). This loop runs
+    no socket code of its own, so that error can only be that one.
+    """
+    if isinstance(context.get("exception"), BlockingIOError):
+        logger.debug("ignored a spurious grpc.aio poller wake-up: %s", context.get("message"))
+        return
+    event_loop.default_exception_handler(context)
 
 
 def _forget_loop_after_fork() -> None:

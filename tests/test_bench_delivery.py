@@ -1,0 +1,45 @@
+"""The delivery-cost benchmark (bench/delivery.py) on a small real pipeline, and its table."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import report
+from bench.delivery import measure
+from bench.workload import write_config
+
+pytestmark = pytest.mark.timeout(240)
+
+PARTS = [key for _, _, key in report.DELIVERY_PARTS]
+
+
+def test_every_part_of_delivering_a_batch_is_measured(tmp_path, corpus_dir):
+    config = write_config(
+        tmp_path / "pipeline.yaml", corpus_dir, "byte", chunk_size=16, k=2, shuffle_buffer=4
+    )
+    got = measure(str(config), batches=1, rounds=1, reps=2)
+    assert got["lanes"] == 8 and got["batches"] == 8
+    # 8 rows x 2048 tokens of int32 ids, positions and segment ids, and a bool mask
+    assert got["message_bytes"] > 8 * 2048 * 13
+    assert 0 < got["tokens_per_batch"] <= 8 * 2048
+    for key in [*PARTS, "data_client_us", "data_client_no_verify_us"]:
+        assert got[key] > 0, key
+
+
+def results_with(delivery: dict[str, float], engine_cpu_per_mtok: float) -> dict:
+    run = {"tokens": 1_000_000, "cpu_main": engine_cpu_per_mtok, "cpu_children": 0.0}
+    return {"runs": {"engine_threads_2": [run, run, run]}, "delivery": delivery}
+
+
+def test_delivery_table_states_each_part_against_the_engines_cpu_per_batch():
+    delivery = {key: 100.0 for key in PARTS}
+    delivery.update(tokens_per_batch=10_000, data_client_us=300.0, data_client_no_verify_us=200.0)
+    # 2 CPU s per million tokens: 20 ms per batch of 10k tokens
+    results = results_with(delivery, 2.0)
+    assert report.engine_us_per_batch(results) == pytest.approx(20_000)
+    total, transport, engine = report.delivery_parts(results)
+    assert (total, transport, engine) == (700.0, 200.0, pytest.approx(20_000))
+    text = report.delivery_table(results)
+    assert "| **sum of the parts** | **700** | **3.5%** |" in text
+    assert "| 100 | 0.5% |" in text and "| 300 | 1.5% |" in text
+    assert report.delivery_table({"runs": {}, "delivery": None}) == ""
