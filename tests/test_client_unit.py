@@ -28,6 +28,7 @@ from zephon_client import (
     merge_state_dicts,
     wire,
 )
+from zephon_client.stream import ACK_INTERVAL
 from zephon_client.tail import byte_decode, tail
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
@@ -135,6 +136,7 @@ class FakeService(pb_grpc.DataServiceServicer):
         self.lock = threading.Lock()
         self.opens: list[tuple[int, int, str]] = []
         self.acks: dict[tuple[int, str], int] = {}
+        self.ack_messages = 0
         self.acknowledged: dict[int, int] = {}
         self.fail_after: dict[int, int] = {}  # lane -> abort UNAVAILABLE once after k batches
         self.fork_on_fail = False  # after that failure, serve a different stream
@@ -208,6 +210,7 @@ class FakeService(pb_grpc.DataServiceServicer):
                             cond.notify_all()
                         with self.lock:
                             self.acks[lane, consumer] = acked[0]
+                            self.ack_messages += 1
 
         threading.Thread(target=read_acks, daemon=True).start()
         seq, sent = start, 0
@@ -625,6 +628,32 @@ def test_checkpoint_and_resume_call_the_rpcs():
         assert err.value.code == grpc.StatusCode.NOT_FOUND
         with pytest.raises(ValueError, match="exactly one"):
             c.resume()
+
+
+# --------------------------------------------------------------------------------------------
+# acknowledgements
+# --------------------------------------------------------------------------------------------
+
+
+def test_acks_are_coalesced_at_high_rates_and_close_sends_the_rest():
+    with fake({0: 200}) as (service, address):  # still streaming: the fake ends at the end
+        c = client(address)
+        it = iter(c)
+        assert len(take(it, 31)) == 31  # 30 consumed, the 31st is pending
+        assert c.positions == {0: 30}
+        assert wait_for(lambda: service.acks.get((0, "rank0"), 0) >= 28)
+        assert service.acks[0, "rank0"] <= 30
+        assert service.ack_messages <= 30 // 2  # coalesced: not one Ack per batch
+        c.close()
+        # Closing sends what was consumed: a new client would start exactly after it.
+        assert wait_for(lambda: service.acks[0, "rank0"] == 30, timeout=1.0)
+
+
+def test_a_pending_ack_goes_out_after_the_interval_without_more_consumption():
+    with fake({0: 200}) as (service, address), client(address) as c:
+        it = iter(c)
+        take(it, 3)  # batches 0 and 1 consumed: ack 1 went out at once, ack 2 waits
+        assert wait_for(lambda: service.acks.get((0, "rank0")) == 2, timeout=3 * ACK_INTERVAL)
 
 
 # --------------------------------------------------------------------------------------------

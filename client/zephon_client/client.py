@@ -14,6 +14,9 @@ Consumption and positions
     :meth:`DataClient.mark_consumed`). Consuming a batch advances the lane's position
     (``next_seq``) and chain digest and acknowledges it to the server (``Ack(seq + 1)``), which
     lets the server send more (it sends at most its window beyond the last acknowledgement).
+    Acks are coalesced: each lane sends one once 4 consumed batches are unacknowledged or
+    0.5 s after its previous one, and :meth:`DataClient.close` sends the rest, so the server's
+    acknowledged positions trail a fast consumer by at most that much.
 
 Resuming
     :meth:`DataClient.state_dict` holds every lane's position and chain digest;
@@ -179,6 +182,16 @@ class _Run:
     def cancel(self) -> None:
         for stream in list(self.streams.values()):
             stream.cancel()
+
+    def leave(self, timeout: float) -> None:
+        """Send every lane's pending Ack and let its call end (``LaneStream.leave``), waiting
+        up to ``timeout`` seconds in all for the calls to end."""
+        streams = list(self.streams.values())
+        for stream in streams:
+            stream.leave()
+        deadline = time.monotonic() + timeout
+        for stream in streams:
+            stream.join(max(0.0, deadline - time.monotonic()))
 
     def close(self, timeout: float = 1.0) -> None:
         streams = list(self.streams.values())
@@ -778,6 +791,11 @@ class DataClient:
         """
         if self._closed.is_set():
             return
+        with self._lock:
+            run = self._run
+        if run is not None:
+            # What was consumed reaches the server, so a new client starts after it.
+            run.leave(timeout=0.3)
         self._closed.set()
         with self._lock:
             run = self._run

@@ -102,7 +102,8 @@ class Mailbox(Generic[T]):
 
     :meth:`put` (on the loop) waits while ``maxsize`` items are queued, without blocking the
     loop; :meth:`get` (in the consumer's thread) blocks until an item arrives.
-    :meth:`put_nowait` ignores the bound (wake-ups and final items).
+    :meth:`put_nowait` ignores the bound (wake-ups and final items); after :meth:`discard`,
+    :meth:`put` drops its items.
     """
 
     def __init__(self, maxsize: int) -> None:
@@ -110,16 +111,27 @@ class Mailbox(Generic[T]):
         self._items: collections.deque[T] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._space: asyncio.Future[None] | None = None  # the loop waits on it while full
+        self._discard = False
 
     async def put(self, item: T) -> None:
         while True:
             with self._cond:
+                if self._discard:
+                    return
                 if len(self._items) < self._maxsize:
                     self._items.append(item)
                     self._cond.notify()
                     return
                 space = self._space = asyncio.get_running_loop().create_future()
             await space
+
+    def discard(self) -> None:
+        """From now on :meth:`put` drops its item at once (the consumer is leaving)."""
+        with self._cond:
+            self._discard = True
+            space, self._space = self._space, None
+        if space is not None:
+            space.get_loop().call_soon_threadsafe(_resolve, space)
 
     def put_nowait(self, item: T) -> None:
         with self._cond:

@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 BACKOFF_INITIAL = 0.1
 BACKOFF_MAX = 2.0
 
+ACK_EVERY = 4
+"""A lane's Ack goes out once this many consumed batches are unacknowledged..."""
+ACK_INTERVAL = 0.5
+"""...or this many seconds after the previous one (an I/O-loop timer sends it)."""
+
 # --------------------------------------------------------------------------------------------
 # One StreamBatches call
 # --------------------------------------------------------------------------------------------
@@ -83,9 +88,14 @@ class LaneStream:
         self._items: io_loop.Mailbox[_Item] = io_loop.Mailbox(prefetch)
         self._requests: asyncio.Queue[pb.StreamBatchesRequest | None] = asyncio.Queue()
         self._call: Any = None
+        self._task: asyncio.Task[None] | None = None
         self._done = threading.Event()
         self._cancelled = threading.Event()
         self._drained = threading.Event()
+        # Acks (on the I/O loop): wanted = consumed so far, sent = queued for gRPC.
+        self._ack_wanted = self._ack_sent = start_seq
+        self._ack_sent_at = float("-inf")
+        self._ack_timer: asyncio.TimerHandle | None = None
         io_loop.submit(self._read(stub))
 
     def get(self, timeout: float | None = None) -> _Item:
@@ -93,11 +103,50 @@ class LaneStream:
         return self._items.get(timeout=timeout)
 
     def ack(self, next_seq: int) -> None:
-        """Acknowledge every batch with seq < ``next_seq`` (no-op once the call is over)."""
+        """Acknowledge every batch with seq < ``next_seq`` (no-op once the call is over).
+
+        Acks are coalesced: one goes out once :data:`ACK_EVERY` consumed batches are
+        unacknowledged or :data:`ACK_INTERVAL` seconds after the previous one, so at high batch
+        rates the server's acknowledged position trails by at most that much (a slow trainer
+        acks every batch). :meth:`leave` and ``close(flush=True)`` send the rest.
+        """
         if not self._done.is_set():
-            io_loop.call(
-                self._requests.put_nowait, pb.StreamBatchesRequest(ack=pb.Ack(next_seq=next_seq))
+            io_loop.call(self._ack, next_seq)
+
+    def leave(self) -> None:
+        """Send the pending Ack, end the request stream and drop further batches, so the
+        call ends soon on its own (:meth:`join` waits for it) with every Ack read by the
+        server. :meth:`close` (or :meth:`cancel`) still ends it if it does not."""
+        if not self._done.is_set() and not self._cancelled.is_set():
+            self._items.discard()
+            io_loop.call(self._end_requests)
+
+    def _ack(self, next_seq: int) -> None:
+        if next_seq <= self._ack_wanted:
+            return
+        self._ack_wanted = next_seq
+        now = io_loop.loop().time()
+        if next_seq - self._ack_sent >= ACK_EVERY or now - self._ack_sent_at >= ACK_INTERVAL:
+            self._send_ack()
+        elif self._ack_timer is None:
+            self._ack_timer = io_loop.loop().call_at(
+                self._ack_sent_at + ACK_INTERVAL, self._send_ack
             )
+
+    def _send_ack(self) -> int:
+        """Queue an Ack for everything consumed (on the I/O loop); returns its next_seq."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        if self._ack_wanted > self._ack_sent:
+            self._ack_sent = self._ack_wanted
+            self._ack_sent_at = io_loop.loop().time()
+            self._requests.put_nowait(pb.StreamBatchesRequest(ack=pb.Ack(next_seq=self._ack_sent)))
+        return self._ack_sent
+
+    def _end_requests(self) -> None:
+        self._send_ack()
+        self._requests.put_nowait(None)
 
     def cancel(self) -> None:
         """Cancel the call without waiting (idempotent)."""
@@ -115,7 +164,7 @@ class LaneStream:
         acks already queued were handed to gRPC, so the last ack is not lost to the cancel.
         """
         if flush and not self._cancelled.is_set():
-            io_loop.call(self._requests.put_nowait, None)
+            io_loop.call(self._end_requests)
             self._drained.wait(timeout / 4)
             # Let the server see the acks and end the call itself (it waits for them after
             # EndOfStream) rather than racing them with a cancel.
@@ -130,6 +179,8 @@ class LaneStream:
     def _cancel_call(self) -> None:
         if self._call is not None:
             self._call.cancel()
+        if self._task is not None:
+            self._task.cancel()  # also when it waits for room in the mailbox
 
     async def _request_iterator(self) -> AsyncIterator[pb.StreamBatchesRequest]:
         try:
@@ -144,6 +195,7 @@ class LaneStream:
 
     async def _read(self, stub: pb_grpc.DataServiceStub) -> None:
         ended = False
+        self._task = asyncio.current_task()
         try:
             self._call = stub.StreamBatches(self._request_iterator(), metadata=self._metadata)
             if self._cancelled.is_set():
@@ -162,6 +214,9 @@ class LaneStream:
                 self._call.cancel()
             self._items.put_nowait(_Item("error", error=error))
         finally:
+            if self._ack_timer is not None:
+                self._ack_timer.cancel()
+                self._ack_timer = None
             self._done.set()
             self._requests.put_nowait(None)
 
