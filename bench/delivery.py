@@ -11,8 +11,9 @@ every lane of the benchmark pipeline from the in-process engine and measures, as
 * the client's message work, in this process: decoding (``wire.decode_batch``) and verifying
   the content and chain digests (``wire.verify``);
 * gRPC transport: a replay server (child process) streams the serialized messages of every
-  lane to a bare ``grpc.aio`` client in this process that only receives them and acks each
-  one, like the real client; CPU of each side per message;
+  lane to a bare ``grpc.aio`` client in this process that only receives them and acks them as
+  the real client does at high rates (every ``ACK_EVERY``-th batch); CPU of each side per
+  message;
 * the real :class:`~zephon_client.DataClient` against the same replay server, with and without
   verification: the client's whole CPU per batch (transport, decode, verify, hand-off).
 
@@ -165,10 +166,12 @@ def serve(messages_path: str) -> None:
 
 def bare_transport(address: str, lanes: dict[int, int]) -> int:
     """Receive every lane's messages (``lanes``: lane → batches) as raw bytes on grpc.aio,
-    acking each batch; batches read."""
+    acking every ``ACK_EVERY``-th batch and the last, as the client does at high rates;
+    batches read."""
     import grpc
 
     from zephon_client import io_loop
+    from zephon_client.stream import ACK_EVERY
     from zephon_proto.v1 import data_service_pb2 as pb
 
     async def lane(channel: Any, number: int, batches: int) -> int:
@@ -187,7 +190,7 @@ def bare_transport(address: str, lanes: dict[int, int]) -> int:
         count = 0
         async for _raw in call:
             count += 1
-            if count <= batches:  # not EndOfStream
+            if count == batches or (count < batches and count % ACK_EVERY == 0):
                 ack = pb.StreamBatchesRequest(ack=pb.Ack(next_seq=count))
                 acks.put_nowait(ack.SerializeToString())
             if count == batches:

@@ -172,8 +172,8 @@ DELIVERY_PARTS = (
     ("server", "build the message (tensors, row sources, closed documents)", "server_build_us"),
     ("server", "serialize it for gRPC", "server_serialize_us"),
     ("server", "serialize it again to count zephon_sent_bytes_total", "server_bytes_metric_us"),
-    ("server", "gRPC: send the message, receive its Ack", "transport_server_us"),
-    ("client", "gRPC: receive the message, send its Ack", "transport_client_us"),
+    ("server", "gRPC: send the message, receive the Acks", "transport_server_us"),
+    ("client", "gRPC: receive the message, send the Acks", "transport_client_us"),
     ("client", "parse and decode the tensors", "client_parse_decode_us"),
     ("client", "verify the content and chain digests (sha256)", "client_verify_us"),
 )
@@ -416,9 +416,10 @@ def why(results: dict[str, Any]) -> list[str]:
                 f" Measured part by part (table below, `python -m bench.delivery`), one "
                 f"batch costs {total:.0f} µs of CPU to deliver against the engine's "
                 f"{engine / 1000:.1f} ms to make it ({total / engine:.1%}); gRPC's own "
-                f"per-message work in Python, moving a {kib:.0f} KiB message and its Ack, is "
-                f"{transport:.0f} µs of that ({transport / engine:.1%}) before any Zephon code "
-                f"runs, and checking the digests on the client {d['client_verify_us']:.0f} µs. "
+                f"per-message work in Python, moving a {kib:.0f} KiB message (and an Ack per "
+                f"4), is {transport:.0f} µs of that ({transport / engine:.1%}) before any "
+                f"Zephon code runs, and checking the digests on the client "
+                f"{d['client_verify_us']:.0f} µs. "
                 f"Part of the rest of the measured gap is contention for the 2 cores: in the "
                 f"service "
                 f"runs the client used {in_service:.0f} µs per batch, against "
@@ -612,7 +613,7 @@ def markdown(results: dict[str, Any], png_name: str = "benchmarks.png") -> str:
             "`python -m bench.delivery` (replayed messages, so no tokenizer runs beside it), "
             "against the CPU the in-process engine (threads x2) spends making a batch. The "
             "gRPC rows are a bare `grpc.aio` client and a replay server that only move the "
-            "bytes and the Acks.",
+            "bytes, with an Ack per 4 batches as the client sends at these rates.",
             "",
             delivery,
             "",
