@@ -102,3 +102,24 @@ def test_tail_prints_decoded_text(setup):
     assert "lane 3 seq 0" in res.stdout and "lane 3 seq 1" in res.stdout
     words = sum(w.isalpha() for w in res.stdout.split())
     assert words > 20  # byte tokens decoded back to text
+
+
+def test_a_new_client_starts_where_a_closed_one_stopped(setup):
+    # Acks are coalesced (every 4 batches or 0.5 s); close() must send the rest so that the
+    # server's acknowledged positions, where a client without a state starts, are exact.
+    cfg, work, expected = setup
+    with server(["--config", str(cfg)], work) as srv:
+        with DataClient(srv.address) as first:
+            lanes, _ = read(first, limit=27)
+            positions = first.positions
+        assert positions == {lane: len(v) for lane, v in lanes.items()}
+        info = srv.stub().GetInfo(
+            __import__("zephon_proto.v1.data_service_pb2", fromlist=["x"]).GetInfoRequest()
+        )
+        assert {p.lane: p.next_seq for p in info.acknowledged} == positions
+        with DataClient(srv.address) as second:
+            assert second.positions == positions
+            rest, _ = read(second, limit=8)
+        for lane, digests in rest.items():
+            start = positions[lane]
+            assert digests == expected[lane][start : start + len(digests)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +13,8 @@ import grpc
 import grpc.aio
 
 from . import io_loop
+
+logger = logging.getLogger(__name__)
 
 AUTH_TOKEN_ENV = "ZEPHON_AUTH_TOKEN"
 """Environment variable holding the bearer token when ``auth_token`` is not given."""
@@ -103,8 +105,10 @@ def make_aio_channel(
 
 def close_aio_channel(channel: grpc.aio.Channel, timeout: float = 1.0) -> None:
     """Close an aio channel (cancelling its calls), waiting up to ``timeout`` seconds."""
-    with contextlib.suppress(Exception):
+    try:
         io_loop.run(lambda: channel.close(), timeout)
+    except Exception:  # closing is best effort: the calls are cancelled either way
+        logger.debug("closing a stream channel failed", exc_info=True)
 
 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -15,8 +15,9 @@ Consumption and positions
     (``next_seq``) and chain digest and acknowledges it to the server (``Ack(seq + 1)``), which
     lets the server send more (it sends at most its window beyond the last acknowledgement).
     Acks are coalesced: each lane sends one once 4 consumed batches are unacknowledged or
-    0.5 s after its previous one, and :meth:`DataClient.close` sends the rest, so the server's
-    acknowledged positions trail a fast consumer by at most that much.
+    0.5 s after its previous one, and :meth:`DataClient.close` (or leaving the loop early)
+    sends the rest, so the server's acknowledged positions trail a fast consumer by at most
+    that much.
 
 Resuming
     :meth:`DataClient.state_dict` holds every lane's position and chain digest;
@@ -185,10 +186,8 @@ class _Run:
 
     def leave(self, timeout: float) -> None:
         """Send every lane's pending Ack and let its call end (``LaneStream.leave``), waiting
-        up to ``timeout`` seconds in all for the calls to end."""
-        streams = list(self.streams.values())
-        for stream in streams:
-            stream.leave()
+        up to ``timeout`` seconds in all for the calls to end (cancelled ones are skipped)."""
+        streams = [s for s in list(self.streams.values()) if s.leave()]
         deadline = time.monotonic() + timeout
         for stream in streams:
             stream.join(max(0.0, deadline - time.monotonic()))
@@ -587,6 +586,9 @@ class DataClient:
             with self._lock:
                 if self._run is run:
                     self._run = None
+            # An abandoned iteration (``break``) sends its pending Acks before its calls are
+            # cancelled; a cancelled run (closed, superseded, repositioned) has none to send.
+            run.leave(timeout=0.3)
             run.close()
 
     def _start(self, run: _Run) -> None:

@@ -36,7 +36,7 @@ ACK_INTERVAL = 0.5
 
 @dataclass(slots=True)
 class _Item:
-    """What a lane's reader thread hands to the consumer."""
+    """What a lane's reader hands to the consumer."""
 
     kind: str  # "batch" | "end" | "error" | "closed" (call ended without EndOfStream)
     batch: DecodedBatch | None = None
@@ -45,7 +45,7 @@ class _Item:
 
 
 class _Cancelled(Exception):
-    """Put in a lane's queue when the client cancels the call."""
+    """Put in a lane's mailbox when the client cancels the call."""
 
 
 class LaneStream:
@@ -56,8 +56,9 @@ class LaneStream:
     against ``previous_chain`` (``None``: unknown, so only the content digest is checked and
     the first batch's chain becomes the base), and hands :class:`_Item` objects to the
     consumer through a mailbox of ``prefetch`` slots. ``stub`` is a ``grpc.aio`` stub made on
-    that loop. :meth:`ack` sends an ``Ack``; :meth:`close` cancels the call and waits for the
-    coroutine to finish.
+    that loop. :meth:`ack` acknowledges (coalesced, see there); :meth:`leave` ends the call
+    politely (pending Ack sent first); :meth:`close` cancels it and waits for the coroutine to
+    finish.
     """
 
     def __init__(
@@ -113,13 +114,16 @@ class LaneStream:
         if not self._done.is_set():
             io_loop.call(self._ack, next_seq)
 
-    def leave(self) -> None:
+    def leave(self) -> bool:
         """Send the pending Ack, end the request stream and drop further batches, so the
         call ends soon on its own (:meth:`join` waits for it) with every Ack read by the
-        server. :meth:`close` (or :meth:`cancel`) still ends it if it does not."""
-        if not self._done.is_set() and not self._cancelled.is_set():
-            self._items.discard()
-            io_loop.call(self._end_requests)
+        server. :meth:`close` (or :meth:`cancel`) still ends it if it does not. False when
+        the call is already over or cancelled (nothing to send)."""
+        if self._done.is_set() or self._cancelled.is_set():
+            return False
+        self._items.discard()
+        io_loop.call(self._end_requests)
+        return True
 
     def _ack(self, next_seq: int) -> None:
         if next_seq <= self._ack_wanted:
