@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -28,7 +29,7 @@ from zephon_client import (
     merge_state_dicts,
     wire,
 )
-from zephon_client.stream import ACK_INTERVAL
+from zephon_client.stream import ACK_INTERVAL, CORE_INTERNAL_DETAILS, _Item, _retryable
 from zephon_client.tail import byte_decode, tail
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
@@ -550,6 +551,35 @@ def test_reconnecting_gives_up_after_reconnect_timeout():
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
         assert 0.4 < time.monotonic() - started < 3.0
         assert len(service.opens) >= 3  # backoff 0.1, 0.2, ...
+
+
+class _Status(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "received", "retry"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "Connection reset by peer", 0, True),
+        # grpc.aio's status when the client core failed to write on a broken connection
+        (grpc.StatusCode.INTERNAL, CORE_INTERNAL_DETAILS, 0, True),
+        # the server's own INTERNAL before any batch is final: reopening would fail again
+        (grpc.StatusCode.INTERNAL, "pipeline failed: worker 1 died", 0, False),
+        (grpc.StatusCode.INTERNAL, "RST_STREAM with error code 2", 3, True),
+        (grpc.StatusCode.CANCELLED, "Cancelled", 0, False),
+        (grpc.StatusCode.OUT_OF_RANGE, "seq 0 is no longer reachable", 5, False),
+    ],
+)
+def test_which_failed_calls_are_reopened(code, details, received, retry):
+    item = _Item("error", error=_Status(code, details))
+    assert _retryable(item, SimpleNamespace(received=received)) is retry
 
 
 # --------------------------------------------------------------------------------------------

@@ -287,15 +287,26 @@ class LaneStream:
         return ended
 
 
+CORE_INTERNAL_DETAILS = "Internal error from Core"
+"""The details ``grpc.aio`` gives a call whose request write failed in the client's gRPC core
+(the connection broke under it): a transport failure, not a status the server sent."""
+
+
 def _retryable(item: _Item, stream: LaneStream) -> bool:
+    """Whether a lane's failed call should be reopened: transport failures (``UNAVAILABLE``,
+    the client core's own ``INTERNAL``) always; ``INTERNAL``/``CANCELLED`` after batches
+    arrived (a call broken mid-way). A server's ``INTERNAL`` at open ("pipeline failed") is
+    final."""
     if item.kind == "closed":
         return True
     error = item.error
     if not isinstance(error, grpc.RpcError):
         return False
-    code = error.code() if callable(getattr(error, "code", None)) else None  # type: ignore[attr-defined]
+    code, details = _describe(item)
     if code == grpc.StatusCode.UNAVAILABLE:
         return True
+    if code == grpc.StatusCode.INTERNAL and details == CORE_INTERNAL_DETAILS:
+        return True  # the client's own transport failed (e.g. writing an Ack on a reset link)
     return stream.received > 0 and code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED)
 
 
