@@ -5,9 +5,10 @@ too, as the child ``python -m bench.measure delivery``) takes the first ``--batc
 every lane of the benchmark pipeline from the in-process engine and measures, as medians of
 ``--rounds`` rounds:
 
-* the server's message work, in this process on those batches: building the
-  ``StreamBatchesResponse`` (``service.wire.batch_response``: tensors, row sources, closed
-  documents) and serializing it (gRPC serializes once, the bytes-sent metric once more);
+* the server's message work, in this process on those batches: encoding the
+  ``StreamBatchesResponse`` bytes (``service.encoding.encode_batch_response``: tensors, row
+  sources, closed documents), what the service hands gRPC; for reference, also what building
+  and serializing the same message with protobuf costs;
 * the client's message work, in this process: decoding (``wire.decode_batch``) and verifying
   the content and chain digests (``wire.verify``);
 * gRPC transport: a replay server (child process) streams the serialized messages of every
@@ -47,7 +48,7 @@ def capture(config: str, batches: int) -> tuple[list[Any], dict[int, list[bytes]
     (its ``EndOfStream`` last)."""
     from zephon_proto.v1 import data_service_pb2 as pb
     from zephon_server.engine.run import PipelineRun
-    from zephon_server.service.wire import batch_response
+    from zephon_server.service.encoding import encode_batch_response
 
     from .workload import load_plan
 
@@ -60,7 +61,7 @@ def capture(config: str, batches: int) -> tuple[list[Any], dict[int, list[bytes]
             msgs = lanes[batch.lane_id]
             if len(msgs) < batches:
                 kept.append(batch)
-                msgs.append(batch_response(batch).SerializeToString())
+                msgs.append(encode_batch_response(batch))
                 chains[batch.lane_id] = batch.chain_digest
             if len(lanes) == run.plan.pipeline.lanes and all(
                 len(m) >= batches for m in lanes.values()
@@ -233,10 +234,10 @@ def measure(config: str, batches: int = 32, rounds: int = 3, reps: int = 3) -> d
 
     from zephon_client import wire as client_wire
     from zephon_proto.v1 import data_service_pb2 as pb
+    from zephon_server.service.encoding import encode_batch_response
     from zephon_server.service.wire import batch_response
 
     engine_batches, lanes = capture(config, batches)
-    responses = [batch_response(b) for b in engine_batches]
     raw = [m for msgs in lanes.values() for m in msgs[:-1]]
     decoded = [client_wire.decode_batch(pb.StreamBatchesResponse.FromString(m).batch) for m in raw]
     chains = {lane: client_wire.CHAIN_SEED for lane in lanes}
@@ -249,9 +250,10 @@ def measure(config: str, batches: int = 32, rounds: int = 3, reps: int = 3) -> d
         "batches": len(raw),
         "message_bytes": round(statistics.mean(len(m) for m in raw)),
         "tokens_per_batch": round(statistics.mean(b.num_tokens() for b in engine_batches)),
-        "server_build_us": per_item_us(batch_response, engine_batches, rounds),
-        "server_serialize_us": per_item_us(lambda r: r.SerializeToString(), responses, rounds),
-        "server_bytes_metric_us": per_item_us(lambda r: r.ByteSize(), responses, rounds),
+        "server_encode_us": per_item_us(encode_batch_response, engine_batches, rounds),
+        "server_protobuf_us": per_item_us(
+            lambda b: batch_response(b).SerializeToString(), engine_batches, rounds
+        ),
         "client_parse_decode_us": per_item_us(
             lambda m: client_wire.decode_batch(pb.StreamBatchesResponse.FromString(m).batch),
             raw,

@@ -169,14 +169,28 @@ def info_table(results: dict[str, Any]) -> str:
 # -- delivery cost ---------------------------------------------------------------------
 
 DELIVERY_PARTS = (
-    ("server", "build the message (tensors, row sources, closed documents)", "server_build_us"),
-    ("server", "serialize it for gRPC", "server_serialize_us"),
-    ("server", "serialize it again to count zephon_sent_bytes_total", "server_bytes_metric_us"),
+    (
+        "server",
+        "encode the message bytes (tensors, row sources, closed documents)",
+        "server_encode_us",
+    ),
     ("server", "gRPC: send the message, receive the Acks", "transport_server_us"),
     ("client", "gRPC: receive the message, send the Acks", "transport_client_us"),
     ("client", "parse and decode the tensors", "client_parse_decode_us"),
     ("client", "verify the content and chain digests (sha256)", "client_verify_us"),
 )
+
+
+LEGACY_SERVER_PARTS = (
+    ("server", "build the message (tensors, row sources, closed documents)", "server_build_us"),
+    ("server", "serialize it for gRPC", "server_serialize_us"),
+    ("server", "serialize it again to count zephon_sent_bytes_total", "server_bytes_metric_us"),
+)
+"""The server's parts in results written before it encoded messages by hand (re-rendering)."""
+
+
+def _parts(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [p for p in (*LEGACY_SERVER_PARTS, *DELIVERY_PARTS) if p[2] in d]
 
 
 def engine_us_per_batch(results: dict[str, Any]) -> float | None:
@@ -194,7 +208,7 @@ def delivery_parts(results: dict[str, Any]) -> tuple[float, float, float] | None
     engine = engine_us_per_batch(results)
     if not d or engine is None:
         return None
-    total = sum(d[key] for _, _, key in DELIVERY_PARTS)
+    total = sum(d[key] for _, _, key in _parts(d))
     return total, d["transport_server_us"] + d["transport_client_us"], engine
 
 
@@ -206,10 +220,18 @@ def delivery_table(results: dict[str, Any]) -> str:
         return ""
     total, _, engine = parts
     rows = [
-        [side, what, f"{d[key]:.0f}", f"{d[key] / engine:.1%}"]
-        for side, what, key in DELIVERY_PARTS
+        [side, what, f"{d[key]:.0f}", f"{d[key] / engine:.1%}"] for side, what, key in _parts(d)
     ]
     rows.append(["", "**sum of the parts**", f"**{total:.0f}**", f"**{total / engine:.1%}**"])
+    if "server_protobuf_us" in d:
+        rows.append(
+            [
+                "server",
+                "for comparison: the same message built and serialized with protobuf (unused)",
+                f"{d['server_protobuf_us']:.0f}",
+                f"{d['server_protobuf_us'] / engine:.1%}",
+            ]
+        )
     rows.append(
         [
             "client",

@@ -22,7 +22,7 @@ def test_every_part_of_delivering_a_batch_is_measured(tmp_path, corpus_dir):
     # 8 rows x 2048 tokens of int32 ids, positions and segment ids, and a bool mask
     assert got["message_bytes"] > 8 * 2048 * 13
     assert 0 < got["tokens_per_batch"] <= 8 * 2048
-    for key in [*PARTS, "data_client_us", "data_client_no_verify_us"]:
+    for key in [*PARTS, "server_protobuf_us", "data_client_us", "data_client_no_verify_us"]:
         assert got[key] > 0, key
 
 
@@ -38,8 +38,20 @@ def test_delivery_table_states_each_part_against_the_engines_cpu_per_batch():
     results = results_with(delivery, 2.0)
     assert report.engine_us_per_batch(results) == pytest.approx(20_000)
     total, transport, engine = report.delivery_parts(results)
-    assert (total, transport, engine) == (700.0, 200.0, pytest.approx(20_000))
+    assert (total, transport, engine) == (500.0, 200.0, pytest.approx(20_000))
     text = report.delivery_table(results)
-    assert "| **sum of the parts** | **700** | **3.5%** |" in text
+    assert "| **sum of the parts** | **500** | **2.5%** |" in text
+    assert "protobuf" not in text
+    delivery["server_protobuf_us"] = 160.0
+    assert "(unused) | 160 | 0.8% |" in report.delivery_table(results)
     assert "| 100 | 0.5% |" in text and "| 300 | 1.5% |" in text
     assert report.delivery_table({"runs": {}, "delivery": None}) == ""
+
+
+def test_results_from_before_hand_encoding_still_render():
+    legacy = [key for _, _, key in report.LEGACY_SERVER_PARTS]
+    delivery = {key: 100.0 for key in [*legacy, *PARTS[1:]]}
+    delivery.update(tokens_per_batch=10_000, data_client_us=300.0, data_client_no_verify_us=200.0)
+    text = report.delivery_table(results_with(delivery, 2.0))
+    assert "serialize it for gRPC | 100" in text and "**700**" in text
+    assert "encode the message bytes" not in text

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from infra import free_port, prometheus_available, start_prometheus
 from service_helpers import read_lane, server, write_config
+from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.hub import LaneHub
 
@@ -25,17 +26,21 @@ def test_prometheus_scrapes_stalls_reorder_depth_and_exact_batch_count(tmp_path,
     )
     metrics_port = free_port()
     with server(["--config", str(cfg), "--metrics-port", str(metrics_port)], tmp_path) as srv:
-        received = 0
+        received = wire_bytes = 0
         for lane in range(4):
             batches, end = read_lane(srv.stub(), lane)
             assert end is not None
             received += len(batches)
+            wire_bytes += sum(pb.StreamBatchesResponse(batch=b).ByteSize() for b in batches)
         with start_prometheus(tmp_path, [f"127.0.0.1:{metrics_port}"]) as prom:
             sent = prom.wait_for(
                 "sum(zephon_batches_sent_total)",
                 lambda r: r and float(r[0]["value"][1]) == received,
             )
             assert float(sent[0]["value"][1]) == received
+            # the bytes counter counts the (hand-encoded) responses exactly
+            sent_bytes = prom.query("sum(zephon_sent_bytes_total)")
+            assert float(sent_bytes[0]["value"][1]) == wire_bytes > 0
             stalls = prom.wait_for('zephon_sentinels_stalled_total{op="batch"}', lambda r: r)
             assert float(stalls[0]["value"][1]) > 0
             stalled_now = prom.query("zephon_stalled_sentinels")
@@ -66,7 +71,7 @@ def test_engine_collector_with_injected_registry(corpus_specs):
         for item in stream:
             if not hasattr(item, "tensors"):
                 break
-            metrics.sent(type("Msg", (), {"ByteSize": lambda self: 10})(), item)
+            metrics.sent(bytes(10), item)
             hub.ack(0, "c", item.seq + 1)
             n += 1
         assert registry.get_sample_value("zephon_batches_sent_total") == n

@@ -16,6 +16,7 @@ from zephon_server.engine.errors import ZephonError
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, Span
 from zephon_server.service import wire as sw
+from zephon_server.service.encoding import encode_batch_response, varint
 
 DTYPES = ["int32", "int64", "uint16", "uint32", "float32", "bool", "uint8"]
 
@@ -55,7 +56,9 @@ def engine_batch(
 
 
 def through_the_wire(batch: SampleBatch) -> cw.DecodedBatch:
-    data = sw.batch_response(batch).SerializeToString()
+    """The batch as the service sends it (hand-encoded bytes), decoded by the client."""
+    data = encode_batch_response(batch)
+    assert data == sw.batch_response(batch).SerializeToString()
     response = pb.StreamBatchesResponse.FromString(data)
     assert response.WhichOneof("kind") == "batch"
     return cw.decode_batch(response.batch)
@@ -229,19 +232,62 @@ def test_unsupported_dtype_names_tensor_and_dtype(dtype):
     tensors = {"input_ids": np.zeros(3, dtype=np.int32), "weird": np.zeros(3, dtype=dtype)}
     batch = engine_batch({"input_ids": tensors["input_ids"]})
     batch.tensors = tensors
-    with pytest.raises(sw.WireError, match=rf"tensor 'weird' has dtype {np.dtype(dtype)}"):
-        sw.batch_to_proto(batch)
+    for encode in (sw.batch_to_proto, encode_batch_response):
+        with pytest.raises(sw.WireError, match=rf"tensor 'weird' has dtype {np.dtype(dtype)}"):
+            encode(batch)
     assert issubclass(sw.WireError, ZephonError)
 
 
 def test_unnumbered_or_undigested_batches_are_refused():
     batch = engine_batch({"input_ids": np.zeros(3, dtype=np.int32)})
-    batch.seq = -1
-    with pytest.raises(sw.WireError, match="no seq"):
-        sw.batch_to_proto(batch)
-    batch.seq, batch.chain_digest = 4, b""
-    with pytest.raises(sw.WireError, match="seq 4: chain_digest has 0 bytes"):
-        sw.batch_to_proto(batch)
+    for encode in (sw.batch_to_proto, encode_batch_response):
+        batch.seq, batch.chain_digest = -1, bytes(32)
+        with pytest.raises(sw.WireError, match="no seq"):
+            encode(batch)
+        batch.seq, batch.chain_digest = 4, b""
+        with pytest.raises(sw.WireError, match="seq 4: chain_digest has 0 bytes"):
+            encode(batch)
+
+
+def _batch_of_every_shape() -> list[SampleBatch]:
+    """Batches that exercise each encoding rule: zero (omitted) and multi-byte varints, empty
+    rows and tensors, tombstones with and without a reason, every dtype and odd layouts."""
+    big = DocRef(7, 300, 2**40 + 5, 130)
+    zero = DocRef(0, 0, 0, 0)
+    out = [engine_batch(sample_tensors(), lane=0, seq=0), engine_batch(sample_tensors(), seq=2**35)]
+    odd = {
+        "": np.arange(3, dtype=np.int32),
+        "big_endian": np.arange(12, dtype=">i8").reshape(3, 4),
+        "strided": np.arange(24, dtype=np.uint16).reshape(4, 6)[:, ::2],
+        "empty": np.zeros((0, 5), dtype=np.int32),
+        "scalar": np.array(5, dtype=np.float32),
+        "é_unicode": np.ones((2, 200), dtype=bool),
+    }
+    rows = (
+        SampleMeta(300, (0, 0), 1, big, (big, zero), spans=(Span(big, 0, 0), Span(zero, 2**20, 1))),
+        SampleMeta(300, (0, 1), 1, zero, (), spans=()),
+    )
+    tombstones = (
+        SampleMeta(300, (0, 2), 1, big, (big,), tombstone="malformed: é"),
+        SampleMeta(300, (0, 3), 1, zero, (zero, big), tombstone=""),
+    )
+    batch = SampleBatch(300, odd, rows, tombstones)
+    batch.seq, batch.digest = 127, digest.content_digest(odd)
+    batch.chain_digest = digest.chain_digest(digest.CHAIN_SEED, batch.digest)
+    out.append(batch)
+    return out
+
+
+def test_hand_encoded_batches_are_byte_identical_to_protobuf():
+    """The service sends encode_batch_response's bytes; a client must not tell them from
+    protobuf's serialization of the same message."""
+    for batch in _batch_of_every_shape():
+        assert encode_batch_response(batch) == sw.batch_response(batch).SerializeToString()
+    for value in (0, 1, 127, 128, 300, 2**32, 2**63):
+        field = pb.Ack(next_seq=value).SerializeToString()
+        assert varint(value) == (field[1:] if value else b"\x00")
+    with pytest.raises(sw.WireError, match="unsigned"):
+        varint(-1)
 
 
 def test_end_of_stream():

@@ -36,10 +36,11 @@ Rotation start
 Reconnecting
     When a call fails with ``UNAVAILABLE`` (or the client's own gRPC core reports
     ``INTERNAL`` because the connection broke under a write, or the call breaks mid-way with
-    ``INTERNAL``/``CANCELLED``, or ends without ``EndOfStream``), the client reopens the lane at its consumed position with
-    exponential backoff (0.1 s doubling to 2 s) for up to ``reconnect_timeout`` seconds; the
-    first batch after the gap must chain from the last consumed chain digest. Other status
-    codes raise :class:`~zephon_client.errors.ZephonClientError` with the server's message.
+    ``INTERNAL``/``CANCELLED``, or ends without ``EndOfStream``), the client reopens the lane
+    at its consumed position with exponential backoff (0.1 s doubling to 2 s) for up to
+    ``reconnect_timeout`` seconds; the first batch after the gap must chain from the last
+    consumed chain digest. Other status codes raise
+    :class:`~zephon_client.errors.ZephonClientError` with the server's message.
 """
 
 from __future__ import annotations

@@ -55,15 +55,15 @@ class ServiceMetrics:
         if hub is not None:
             registry.register(EngineCollector(hub))
 
-    def sent(self, message: Any, batch: SampleBatch) -> Any:
-        """Count a batch about to be sent; returns the message."""
+    def sent(self, message: bytes, batch: SampleBatch) -> bytes:
+        """Count a batch about to be sent as ``message`` (its encoded response); returns it."""
         self.batches_sent.inc()
         tokens = batch.num_tokens()
         ids = batch.tensors.get("input_ids")
         self.tokens_sent.inc(tokens)
         if ids is not None:
             self.padding_sent.inc(int(ids.size) - tokens)
-        self.bytes_sent.inc(message.ByteSize())
+        self.bytes_sent.inc(len(message))
         return message
 
     def stream_opened(self) -> None:

@@ -25,7 +25,6 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from ..engine.checkpoint import CheckpointStore, ResumeState, read_state_file
 from ..engine.errors import ZephonError
@@ -33,7 +32,7 @@ from ..engine.hub import LaneHub
 from ..engine.replay_cache import ReplayCache
 from .auth import TokenAuthInterceptor
 from .metrics import ServiceMetrics
-from .servicer import DataService
+from .servicer import DataService, add_to_server
 
 log = logging.getLogger("zephon.serve")
 
@@ -204,7 +203,7 @@ class Server:
             ],
             maximum_concurrent_rpcs=args.max_streams + 64,
         )
-        pb_grpc.add_DataServiceServicer_to_server(self.service, self.grpc)
+        add_to_server(self.service, self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (

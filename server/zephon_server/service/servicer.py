@@ -23,9 +23,10 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 from .. import __version__
 from ..engine.checkpoint import ResumeState
 from ..engine.hub import EndOfLane, HubClosed, LaneHub
+from .encoding import encode_batch_response
 from .errors import abort
 from .metrics import ServiceMetrics
-from .wire import batch_response, end_response
+from .wire import end_response
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class DataService(pb_grpc.DataServiceServicer):
 
     def StreamBatches(
         self, request_iterator: Iterator[pb.StreamBatchesRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.StreamBatchesResponse]:
+    ) -> Iterator[pb.StreamBatchesResponse | bytes]:
         if self.draining.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining; retry elsewhere")
         with self._lock:
@@ -146,7 +147,7 @@ class DataService(pb_grpc.DataServiceServicer):
 
     def _stream(
         self, requests: Iterator[pb.StreamBatchesRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.StreamBatchesResponse]:
+    ) -> Iterator[pb.StreamBatchesResponse | bytes]:
         first = next(requests, None)
         if first is None or first.WhichOneof("kind") != "open":
             context.abort(
@@ -211,7 +212,7 @@ class DataService(pb_grpc.DataServiceServicer):
                 if acked.error is not None or self.draining.is_set():
                     break
                 acked.sent = item.seq + 1  # before the client can see (and acknowledge) it
-                yield self.metrics.sent(batch_response(item), item)
+                yield self.metrics.sent(encode_batch_response(item), item)
                 sent = item.seq + 1
         except Exception as exc:
             failure = exc
@@ -310,6 +311,44 @@ class _AckState:
                     return False
                 self._cond.wait(0.2)
             return context.is_active()
+
+
+def serialize_stream_response(response: pb.StreamBatchesResponse | bytes) -> bytes:
+    """``StreamBatches``' response serializer: batches arrive already encoded (bytes)."""
+    if isinstance(response, bytes):
+        return response
+    return response.SerializeToString()
+
+
+def add_to_server(service: DataService, server: grpc.Server) -> None:
+    """Register ``service`` like the generated ``add_DataServiceServicer_to_server``, except
+    that ``StreamBatches`` responses may be pre-encoded bytes (see :mod:`.encoding`)."""
+    handlers = {
+        "GetInfo": grpc.unary_unary_rpc_method_handler(
+            service.GetInfo,
+            request_deserializer=pb.GetInfoRequest.FromString,
+            response_serializer=pb.GetInfoResponse.SerializeToString,
+        ),
+        "StreamBatches": grpc.stream_stream_rpc_method_handler(
+            service.StreamBatches,
+            request_deserializer=pb.StreamBatchesRequest.FromString,
+            response_serializer=serialize_stream_response,
+        ),
+        "Checkpoint": grpc.unary_unary_rpc_method_handler(
+            service.Checkpoint,
+            request_deserializer=pb.CheckpointRequest.FromString,
+            response_serializer=pb.CheckpointResponse.SerializeToString,
+        ),
+        "Resume": grpc.unary_unary_rpc_method_handler(
+            service.Resume,
+            request_deserializer=pb.ResumeRequest.FromString,
+            response_serializer=pb.ResumeResponse.SerializeToString,
+        ),
+    }
+    name = pb.DESCRIPTOR.services_by_name["DataService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63
+        server.add_registered_method_handlers(name, handlers)
 
 
 def raise_not_found(checkpoint_id: str) -> Any:

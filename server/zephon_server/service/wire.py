@@ -71,8 +71,8 @@ def fill_tensor(out: pb.Tensor, name: str, arr: np.ndarray) -> None:
     out.data = wire.tobytes()
 
 
-def batch_to_proto(batch: SampleBatch) -> pb.SampleBatch:
-    """The batch as a ``zephon.v1.SampleBatch`` message (seq and digests must be assigned)."""
+def check_sendable(batch: SampleBatch) -> None:
+    """:class:`WireError` unless the lane output log assigned the batch's seq and digests."""
     if batch.seq < 0:
         raise WireError(
             f"lane {batch.lane_id}: batch has no seq; only batches from the lane output log "
@@ -84,6 +84,14 @@ def batch_to_proto(batch: SampleBatch) -> pb.SampleBatch:
                 f"lane {batch.lane_id} seq {batch.seq}: {what} has {len(value)} bytes, "
                 f"expected {DIGEST_SIZE} (assigned by the lane output log)"
             )
+
+
+def batch_to_proto(batch: SampleBatch) -> pb.SampleBatch:
+    """The batch as a ``zephon.v1.SampleBatch`` message (seq and digests must be assigned).
+
+    The service sends :func:`~zephon_server.service.encoding.encode_batch_response`'s bytes,
+    which are this message's serialization made without building it."""
+    check_sendable(batch)
     msg = pb.SampleBatch(
         lane=batch.lane_id,
         seq=batch.seq,
