@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zephon_server.allocator import resolve as resolve_allocator
+
 from .service import service_throughput, spawn, stop, tail
 from .workload import MAX_LENGTH, Workload
 
@@ -32,13 +34,16 @@ class Case:
     measure: Callable[[Workload, Path], dict[str, Any]]
 
 
-def measure_child(kind: str, work: Workload, run_dir: Path, *extra: str) -> dict[str, Any]:
-    """Run ``python -m bench.measure kind`` in a fresh process; its JSON result."""
+def measure_child(
+    kind: str, work: Workload, run_dir: Path, *extra: str, env: dict[str, str | None] | None = None
+) -> dict[str, Any]:
+    """Run ``python -m bench.measure kind`` in a fresh process (``env``: changes to the
+    environment, None removes a variable); its JSON result."""
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "result.json"
     out.unlink(missing_ok=True)
     args = ["-m", "bench.measure", kind, "--workload", str(Path(work.work_dir) / "workload.json")]
-    proc = spawn([*args, "--out", str(out), *extra], run_dir / "child.log")
+    proc = spawn([*args, "--out", str(out), *extra], run_dir / "child.log", env=env)
     try:
         code = proc.wait(timeout=4 * 3600)
     finally:
@@ -49,26 +54,42 @@ def measure_child(kind: str, work: Workload, run_dir: Path, *extra: str) -> dict
     return json.loads(out.read_text())
 
 
-def tokenizer_case(threads: int) -> Case:
+ALLOCATOR = resolve_allocator("auto").library
+"""The allocator library every case runs with: the one ``zephon serve --allocator auto`` picks
+on this machine (``bench.run`` preloads it for its children; None: glibc's malloc)."""
+GLIBC: dict[str, str | None] = {"LD_PRELOAD": None}
+"""The environment change that runs a case on glibc's malloc instead (the ``_glibc`` cases)."""
+
+
+def tokenizer_case(threads: int, *, glibc: bool = False) -> Case:
     noun = "thread" if threads == 1 else "threads"
     return Case(
-        f"tokenizer_{threads}",
-        f"tokenizer only, {threads} {noun}",
-        f"tokenizer x{threads}",
+        f"tokenizer_{threads}" + ("_glibc" if glibc else ""),
+        f"tokenizer only, {threads} {noun}" + (", glibc malloc" if glibc else ""),
+        f"tokenizer x{threads}" + (", glibc" if glibc else ""),
         "tokenizer",
-        lambda work, d: measure_child("tokenizer", work, d, "--threads", str(threads)),
+        lambda work, d: measure_child(
+            "tokenizer", work, d, "--threads", str(threads), env=GLIBC if glibc else None
+        ),
     )
 
 
-def engine_case(runner: str, workers: int) -> Case:
+def engine_case(runner: str, workers: int, *, glibc: bool = False) -> Case:
     label = "inline" if runner == "inline" else f"{runner} x{workers}"
     return Case(
-        f"engine_{runner}_{workers}",
-        f"engine in-process, {label}",
-        label,
+        f"engine_{runner}_{workers}" + ("_glibc" if glibc else ""),
+        f"engine in-process, {label}" + (", glibc malloc" if glibc else ""),
+        label + (", glibc" if glibc else ""),
         "engine",
         lambda work, d: measure_child(
-            "engine", work, d, "--runner", runner, "--workers", str(workers)
+            "engine",
+            work,
+            d,
+            "--runner",
+            runner,
+            "--workers",
+            str(workers),
+            env=GLIBC if glibc else None,
         ),
     )
 
@@ -103,18 +124,22 @@ THROUGHPUT_CASES: list[Case] = [
     service_case(1),
     service_case(2),
     service_case(1, state_dir=True),
+    *([tokenizer_case(2, glibc=True), engine_case("threads", 2, glibc=True)] if ALLOCATOR else []),
 ]
 """The throughput measurements, in table order (a hook: append e.g. ``engine_case(...)``).
-The Ray rows (a private local Ray started by each run) appear when Ray is installed."""
+The Ray rows (a private local Ray started by each run) appear when Ray is installed; the
+glibc malloc rows when an allocator is preloaded (:data:`ALLOCATOR`)."""
 
 ROUND_ORDER = [
     "tokenizer_1",
     "engine_inline_1",
     "engine_threads_1",
+    "engine_threads_2_glibc",
     "engine_threads_2",
     "service_1",
     "tokenizer_2",
     "service_2",
+    "tokenizer_2_glibc",
     "service_1_state",
     "engine_processes_1",
     "engine_processes_2",
@@ -255,6 +280,21 @@ RATIOS: list[Ratio] = [
         "service, 2 ranks / 1 rank",
         "service_2",
         "service_1",
+        style="times",
+    ),
+    Ratio(
+        "allocator_engine",
+        "engine in-process threads x2, preloaded allocator / glibc malloc (steady state)",
+        "engine_threads_2",
+        "engine_threads_2_glibc",
+        style="times",
+        field="steady_rate",
+    ),
+    Ratio(
+        "allocator_tokenizer",
+        "tokenizer-only, 2 threads, preloaded allocator / glibc malloc",
+        "tokenizer_2",
+        "tokenizer_2_glibc",
         style="times",
     ),
 ]

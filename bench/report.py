@@ -573,6 +573,21 @@ def chart(results: dict[str, Any], path: Path) -> Path:
 # -- markdown ---------------------------------------------------------------------------
 
 
+def allocator_line(results: dict[str, Any]) -> str:
+    """Which malloc every row ran with (results before the allocator was recorded: glibc)."""
+    library = results.get("allocator")
+    if not library:
+        return (
+            "**Allocator:** glibc malloc in every row (no mimalloc or jemalloc installed; "
+            "`zephon serve` would preload one, see docs/operations.md)."
+        )
+    return (
+        f"**Allocator:** every row runs with `{library}` preloaded, as `zephon serve "
+        "--allocator auto` (the default) runs when it is installed, the tokenizer-only "
+        "ceiling included; the rows marked glibc malloc run without it."
+    )
+
+
 def markdown(results: dict[str, Any], png_name: str = "benchmarks.png") -> str:
     m = results["machine"]
     w = results["workload"]
@@ -606,6 +621,8 @@ def markdown(results: dict[str, Any], png_name: str = "benchmarks.png") -> str:
         f"k = {w['flush_every_k_chunks']}. Every throughput row delivers the same fixed work: "
         f"the first {w['chunks_per_lane']} chunks of every lane ({w['fixed_docs']:,} documents, "
         f"{results['fixed_tokens'] / 1e6:.1f} M tokens); best of {results['repeat']} runs.",
+        "",
+        allocator_line(results),
         "",
         f"![throughput per configuration]({png_name})",
         "",

@@ -39,6 +39,7 @@ from typing import Any
 
 from . import report
 from .cases import (
+    ALLOCATOR,
     RATIOS,
     ROUND_ORDER,
     THROUGHPUT_CASES,
@@ -481,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     started = time.time()
+    if ALLOCATOR and ALLOCATOR not in os.environ.get("LD_PRELOAD", ""):
+        # Every child runs with the allocator `zephon serve` picks (the glibc cases remove it).
+        os.environ["LD_PRELOAD"] = ":".join(filter(None, [ALLOCATOR, os.environ.get("LD_PRELOAD")]))
     mach = machine()
     work_dir = RESULTS / "run"
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -548,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "duration_s": round(time.time() - started),
         "machine": mach,
+        "allocator": ALLOCATOR,
         "workload": workload,
         "repeat": args.repeat,
         "fixed_tokens": fixed_tokens,

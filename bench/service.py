@@ -52,8 +52,17 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """A Python child (``python args...``) logging to ``log_path``."""
+def spawn(
+    args: list[str], log_path: Path, env: dict[str, str | None] | None = None
+) -> subprocess.Popen[bytes]:
+    """A Python child (``python args...``) logging to ``log_path``; ``env`` changes its
+    environment (None removes a variable)."""
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()}
+    for key, value in (env or {}).items():
+        if value is None:
+            child_env.pop(key, None)
+        else:
+            child_env[key] = value
     out = open(log_path, "wb")  # noqa: SIM115 - the child keeps it; closed when we drop it
     try:
         return subprocess.Popen(
@@ -62,7 +71,7 @@ def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
             cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()},
+            env=child_env,
         )
     finally:
         out.close()

@@ -106,6 +106,7 @@ def test_container_serves_health_and_metrics(image, tmp_path):
         )
         assert trainer.returncode == 0, trainer.stderr
         assert "done:" in trainer.stderr
+        assert "memory allocator: mimalloc" in server.logs()  # preloaded by --allocator auto
         with start_prometheus(tmp_path, [f"127.0.0.1:{server.ports[9400]}"]) as prom:
             prom.wait_for('up{job="zephon"}', lambda r: _value(r) == 1.0)
             prom.wait_for("sum(zephon_batches_sent_total)", lambda r: (_value(r) or 0) >= 20)

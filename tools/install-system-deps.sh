@@ -3,6 +3,7 @@
 #
 #   * Prometheus (/usr/bin/prometheus), for tests that scrape the server with the real thing.
 #     The package's own service is never left running: tests start their own instances.
+#   * mimalloc (libmimalloc2.0), the allocator `zephon serve` preloads by default.
 #   * Docker, through shared/tools/docker-env.sh when it exists (beside the repo, or
 #     $ZEPHON_SHARED_DIR): installs docker.io, starts dockerd, builds a local base image. The
 #     base image's name goes to .ci/base-image for `docker build --build-arg BASE_IMAGE=...`.
@@ -48,6 +49,11 @@ if command -v update-rc.d >/dev/null && [ -e /etc/init.d/prometheus ]; then
   update-rc.d prometheus disable >/dev/null 2>&1 || true
 fi
 /usr/bin/prometheus --version >/dev/null 2>&1 || die "/usr/bin/prometheus does not run"
+
+# --- mimalloc -----------------------------------------------------------------------------
+# `zephon serve --allocator auto` preloads it; the allocator tests check that servers and their
+# workers run on it.
+bash "$repo/tools/install-mimalloc.sh" || die "could not install mimalloc (see above)"
 
 # --- Docker -------------------------------------------------------------------------------
 [ "${ZEPHON_NO_DOCKER:-}" = 1 ] && exit 0

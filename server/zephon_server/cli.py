@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .allocator import ensure_allocator
 from .engine.errors import ZephonError
 from .engine.execution import RUNNERS, ExecutionConfig
 from .engine.pipeline import Pipeline
@@ -277,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        if argv is None and args.command == "serve":
+            # Run as a program: may re-execute itself with a faster malloc (allocator.py).
+            ensure_allocator(args.allocator)
         return int(args.func(args))
     except ZephonError as exc:
         print(f"zephon: error: {exc}", file=sys.stderr)

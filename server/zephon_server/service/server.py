@@ -26,6 +26,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from zephon_proto.v1 import data_service_pb2 as pb
 
+from ..allocator import CHOICES as ALLOCATORS
+from ..allocator import ENV as ALLOCATOR_ENV
 from ..engine.checkpoint import CheckpointStore, ResumeState, read_state_file
 from ..engine.errors import ZephonError
 from ..engine.hub import LaneHub
@@ -103,6 +105,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="require 'authorization: Bearer <token>' (or set ZEPHON_AUTH_TOKEN)",
     )
     p.add_argument("--port-file", default=None, help="write the bound gRPC port to this file")
+    p.add_argument(
+        "--allocator",
+        default=os.environ.get(ALLOCATOR_ENV) or "auto",
+        metavar="{" + ",".join(ALLOCATORS) + "} or PATH",
+        help="memory allocator: 'auto' (default; or set ZEPHON_ALLOCATOR) preloads mimalloc "
+        "when installed (tokenizing then takes about a quarter less CPU); 'system' keeps glibc "
+        "malloc; or the path of a shared library",
+    )
 
 
 def replay_cache_from_args(args: argparse.Namespace) -> ReplayCache | None:

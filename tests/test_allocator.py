@@ -1,0 +1,139 @@
+"""The memory allocator ``zephon serve`` runs with (server/zephon_server/allocator.py).
+
+Unit tests of the choice, then real ``zephon serve`` processes: by default mimalloc is mapped
+into the server and its worker processes (same pid after the re-execution), ``--allocator
+system`` keeps glibc's malloc, and the lanes' batches are bit-identical under both.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from service_helpers import read_lane, serve_once, server, write_config
+from zephon_server import allocator
+from zephon_server.allocator import Allocator, AllocatorError, resolve
+
+MIMALLOC = allocator.find_library("mimalloc")
+
+
+def test_choices_resolve_to_a_library_or_glibc(monkeypatch, tmp_path):
+    assert resolve("system") == Allocator("system")
+    # auto keeps what the user preloads
+    assert resolve("auto", {"LD_PRELOAD": "/opt/libtcmalloc.so"}) == Allocator("system")
+    lib = tmp_path / "libcustom.so"
+    lib.write_bytes(b"\x7fELF")
+    assert resolve(str(lib)) == Allocator("libcustom.so", str(lib))
+    monkeypatch.setattr(allocator, "find_library", lambda name, dirs=(): None)
+    assert resolve("auto", {}) == Allocator("system")
+    with pytest.raises(AllocatorError, match=r"apt-get install libmimalloc2\.0"):
+        resolve("mimalloc")
+    with pytest.raises(AllocatorError, match=r"apt-get install libjemalloc2"):
+        resolve("jemalloc")
+    with pytest.raises(AllocatorError, match="expected one of auto, mimalloc, jemalloc, system"):
+        resolve("tcmalloc")
+    with pytest.raises(AllocatorError, match="path of a shared library"):
+        resolve(str(tmp_path / "missing.so"))
+
+    def only_jemalloc(name, dirs=()):
+        return "/x/libjemalloc.so.2" if name == "jemalloc" else None
+
+    monkeypatch.setattr(allocator, "find_library", only_jemalloc)
+    assert resolve("auto", {}) == Allocator("jemalloc", "/x/libjemalloc.so.2")
+
+
+def test_find_library_looks_in_the_given_directories(monkeypatch, tmp_path):
+    monkeypatch.setattr(allocator, "_ldconfig_paths", dict)
+    assert allocator.find_library("jemalloc", [str(tmp_path)]) is None
+    (tmp_path / "libjemalloc.so.2").write_bytes(b"")
+    assert allocator.find_library("jemalloc", [str(tmp_path)]) == str(tmp_path / "libjemalloc.so.2")
+
+
+def test_the_mapped_allocator_is_read_from_the_process_maps(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        "7f02-7f03 r-xp 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0\n"
+    )
+    found = allocator.loaded_library(str(maps))
+    assert found == "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0"
+    assert allocator.describe(found) == f"mimalloc ({found})"
+    maps.write_text("7f00-7f01 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert allocator.loaded_library(str(maps)) is None
+    assert allocator.describe(None) == "glibc malloc"
+
+
+# --------------------------------------------------------------------------------------------
+# real servers
+# --------------------------------------------------------------------------------------------
+
+
+def mapped(pid: int) -> set[str]:
+    text = Path(f"/proc/{pid}/maps").read_text()
+    return {os.path.basename(line.rsplit(" ", 1)[-1]) for line in text.splitlines()}
+
+
+def has_mimalloc(pid: int) -> bool:
+    return any(name.startswith("libmimalloc") for name in mapped(pid))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        kids = [child for child, ppid in parents.items() if ppid == parent]
+        out += kids
+        todo += kids
+    return out
+
+
+def lane_digests(srv, lanes: int) -> dict[int, list[bytes]]:
+    out = {}
+    for lane in range(lanes):
+        batches, end = read_lane(srv.stub(), lane)
+        assert end is not None
+        out[lane] = [b.chain_digest for b in batches]
+    return out
+
+
+@pytest.mark.service
+@pytest.mark.timeout(240)
+def test_serve_preloads_mimalloc_and_the_data_do_not_change(tmp_path, corpus_dir):
+    assert MIMALLOC, "tools/install-system-deps.sh must install Debian's libmimalloc2.0"
+    cfg = write_config(tmp_path / "p.yaml", corpus_dir, lanes=2)
+    args = ["--config", str(cfg), "--runner", "processes", "--workers", "2"]
+    with server(args, tmp_path) as fast:
+        assert has_mimalloc(fast.proc.pid), fast.output()  # the same pid, re-executed
+        workers = descendants(fast.proc.pid)
+        assert workers and all(has_mimalloc(pid) for pid in workers)
+        assert "memory allocator: mimalloc" in fast.output()
+        preloaded = lane_digests(fast, 2)
+    with server([*args, "--allocator", "system"], tmp_path) as plain:
+        assert not has_mimalloc(plain.proc.pid)
+        assert "memory allocator: glibc malloc" in plain.output()
+        assert lane_digests(plain, 2) == preloaded
+    # ZEPHON_ALLOCATOR sets the default; an explicit path works like a name.
+    with server(
+        ["--config", str(cfg), "--allocator", MIMALLOC], tmp_path, env={"ZEPHON_ALLOCATOR": "x"}
+    ) as by_path:
+        assert has_mimalloc(by_path.proc.pid)
+    with server(["--config", str(cfg)], tmp_path, env={"ZEPHON_ALLOCATOR": "system"}) as env:
+        assert not has_mimalloc(env.proc.pid)
+
+
+@pytest.mark.service
+def test_an_allocator_that_is_not_there_fails_at_start_up(tmp_path, corpus_dir):
+    cfg = write_config(tmp_path / "p.yaml", corpus_dir, lanes=2)
+    done = serve_once(["--config", str(cfg), "--allocator", "/nonexistent/libmalloc.so"], tmp_path)
+    assert done.returncode == 2
+    assert "--allocator '/nonexistent/libmalloc.so': expected one of auto" in done.stderr
