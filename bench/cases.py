@@ -94,15 +94,20 @@ def engine_case(runner: str, workers: int, *, glibc: bool = False) -> Case:
     )
 
 
-def service_case(ranks: int, *, state_dir: bool = False) -> Case:
+def service_case(ranks: int, *, state_dir: bool = False, glibc: bool = False) -> Case:
     noun = "rank" if ranks == 1 else "ranks"
     suffix = ", --state-dir (replay cache on)" if state_dir else ""
+    suffix += ", glibc malloc" if glibc else ""
     return Case(
-        f"service_{ranks}" + ("_state" if state_dir else ""),
+        f"service_{ranks}" + ("_state" if state_dir else "") + ("_glibc" if glibc else ""),
         f"service over loopback gRPC, {ranks} client {noun}{suffix}",
-        f"service, {ranks} {noun}" + (", state" if state_dir else ""),
+        f"service, {ranks} {noun}"
+        + (", state" if state_dir else "")
+        + (", glibc" if glibc else ""),
         "service",
-        lambda work, d: service_throughput(work, ranks, d, state_dir=state_dir),
+        lambda work, d: service_throughput(
+            work, ranks, d, state_dir=state_dir, env=GLIBC if glibc else None
+        ),
     )
 
 
@@ -111,6 +116,13 @@ def _has_ray() -> bool:
 
     return importlib.util.find_spec("ray") is not None
 
+
+GLIBC_CASES = [
+    tokenizer_case(2, glibc=True),
+    engine_case("threads", 2, glibc=True),
+    service_case(1, glibc=True),
+]
+"""The cases run again on glibc's malloc, to show what the preloaded allocator changes."""
 
 THROUGHPUT_CASES: list[Case] = [
     tokenizer_case(1),
@@ -124,7 +136,7 @@ THROUGHPUT_CASES: list[Case] = [
     service_case(1),
     service_case(2),
     service_case(1, state_dir=True),
-    *([tokenizer_case(2, glibc=True), engine_case("threads", 2, glibc=True)] if ALLOCATOR else []),
+    *(GLIBC_CASES if ALLOCATOR else []),
 ]
 """The throughput measurements, in table order (a hook: append e.g. ``engine_case(...)``).
 The Ray rows (a private local Ray started by each run) appear when Ray is installed; the
@@ -134,12 +146,13 @@ ROUND_ORDER = [
     "tokenizer_1",
     "engine_inline_1",
     "engine_threads_1",
+    "tokenizer_2_glibc",
+    "service_1_glibc",
     "engine_threads_2_glibc",
     "engine_threads_2",
     "service_1",
     "tokenizer_2",
     "service_2",
-    "tokenizer_2_glibc",
     "service_1_state",
     "engine_processes_1",
     "engine_processes_2",
@@ -287,6 +300,29 @@ RATIOS: list[Ratio] = [
         "engine in-process threads x2, preloaded allocator / glibc malloc (steady state)",
         "engine_threads_2",
         "engine_threads_2_glibc",
+        style="times",
+        field="steady_rate",
+    ),
+    Ratio(
+        "service_vs_tokenizer_glibc",
+        "service (1 rank) / tokenizer-only, 2 threads, both on glibc malloc (steady state)",
+        "service_1_glibc",
+        "tokenizer_2_glibc",
+        field="steady_rate",
+    ),
+    Ratio(
+        "grpc_delivery_glibc",
+        "gRPC delivery on glibc malloc: service (1 rank) / in-process threads x2 (steady state)",
+        "service_1_glibc",
+        "engine_threads_2_glibc",
+        style="below",
+        field="steady_rate",
+    ),
+    Ratio(
+        "allocator_service",
+        "service (1 rank), preloaded allocator / glibc malloc (steady state)",
+        "service_1",
+        "service_1_glibc",
         style="times",
         field="steady_rate",
     ),

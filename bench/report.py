@@ -379,6 +379,18 @@ def why(results: dict[str, Any]) -> list[str]:
             "GIL while the Python parts hold it."
         )
 
+    glibc = ratios.get("service_vs_tokenizer_glibc", {}).get("value")
+    tok_gain = ratios.get("allocator_tokenizer", {}).get("value")
+    svc_gain = ratios.get("allocator_service", {}).get("value")
+    allocator_why = ""
+    if results.get("allocator") and glibc and tok_gain and svc_gain:
+        allocator_why = (
+            f" With glibc malloc in every row the same ratio is {glibc:.2f}: the preloaded "
+            f"allocator made the tokenizer alone {tok_gain:.2f}x as fast and the service "
+            f"{svc_gain:.2f}x, since it speeds up tokenizing but not the engine's Python work "
+            "or the delivery, which therefore weigh more against the faster ceiling."
+        )
+
     key = "service_vs_tokenizer"
     p_svc1, p_tok2, p_thr2 = pair(results, key, "service_1", "tokenizer_2", "engine_threads_2")
     if key in missed and p_svc1 and p_tok2:
@@ -397,7 +409,7 @@ def why(results: dict[str, Any]) -> list[str]:
                 "client and the server's gRPC threads share the 2 cores with the two tokenizer "
                 "threads, so every CPU second they use is taken from tokenizing."
             )
-        out.append(text + engine_why)
+        out.append(text + allocator_why + engine_why)
     key = "service2_vs_tokenizer"
     p_svc2, p_svc1 = pair(results, key, "service_2", "service_1")
     if key in missed and p_svc2 and p_svc1:
@@ -420,7 +432,7 @@ def why(results: dict[str, Any]) -> list[str]:
             f"**gRPC delivery ({value:.3f} of in-process, {(1 - value) * 100:.1f}% below).** "
             + _split(p_svc1, p_thr2, "service", "in-process")
             + f" Per million tokens the server process spent {server:.2f} CPU seconds (the "
-            f"same engine plus the hub, protobuf serialization and gRPC; its start-up before "
+            f"same engine plus the hub, message encoding and gRPC; its start-up before "
             f"the run is not counted) against {cpu_per_mtok(p_thr2):.2f} in-process, and "
             f"the client {client:.2f} (receiving, decoding and verifying the sha256 content and "
             "chain digest of every batch). With the cores busy, every extra CPU second per "
@@ -448,6 +460,13 @@ def why(results: dict[str, Any]) -> list[str]:
                 "replay server instead of two tokenizer threads), and this VM's speed drifts "
                 "between the paired runs (see the rounds). With the trainers on their own "
                 "hosts, the client's share leaves these cores."
+            )
+        on_glibc = ratios.get("grpc_delivery_glibc", {}).get("value")
+        if results.get("allocator") and on_glibc:
+            out[-1] += (
+                f" With glibc malloc in every row, where the engine's CPU per batch is higher "
+                f"and the same delivery cost weighs less, delivery measured "
+                f"{(1 - on_glibc) * 100:.1f}% below in-process."
             )
     key = "processes_scaling"
     p_proc1, p_proc2 = pair(results, key, "engine_processes_1", "engine_processes_2")

@@ -105,12 +105,14 @@ def tail(path: Path, chars: int = 3000) -> str:
 class ServerProcess:
     """A running server; ``address`` once the port file appeared. Samples its RSS and CPU."""
 
-    def __init__(self, args: list[str], run_dir: Path) -> None:
+    def __init__(
+        self, args: list[str], run_dir: Path, env: dict[str, str | None] | None = None
+    ) -> None:
         self.run_dir = run_dir
         self.port_file = run_dir / "port"
         self.log_path = run_dir / "server.log"
         self.started = time.time()
-        self.proc = spawn(args, self.log_path)
+        self.proc = spawn(args, self.log_path, env=env)
         self.rss_peak = 0
         self.cpu_seconds = 0.0
         self._done = threading.Event()
@@ -150,9 +152,11 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def server(args: list[str], run_dir: Path) -> Iterator[ServerProcess]:
+def server(
+    args: list[str], run_dir: Path, env: dict[str, str | None] | None = None
+) -> Iterator[ServerProcess]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    proc = ServerProcess(args, run_dir)
+    proc = ServerProcess(args, run_dir, env)
     try:
         yield proc
     finally:
@@ -191,12 +195,18 @@ def serve_args(work: Any, run_dir: Path, *, limited: bool, state_dir: Path | Non
 
 
 def service_throughput(
-    work: Any, ranks: int, run_dir: Path, *, state_dir: bool = False
+    work: Any,
+    ranks: int,
+    run_dir: Path,
+    *,
+    state_dir: bool = False,
+    env: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """The fixed work over loopback gRPC to ``ranks`` client processes (see the docstring).
 
     ``state_dir``: serve with ``--state-dir`` (a fresh one), which turns on the replay cache,
-    as ``make run`` and the container do."""
+    as ``make run`` and the container do. ``env``: environment changes for the server and
+    the clients (see :func:`spawn`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in ("port", "t0"):
         (run_dir / name).unlink(missing_ok=True)
@@ -208,12 +218,12 @@ def service_throughput(
         for rank, out in enumerate(outs):
             args = ["-m", "bench.service", "client", "--port-file", str(run_dir / "port")]
             args += ["--rank", str(rank), "--world-size", str(ranks), "--out", str(out)]
-            clients.append(spawn(args, run_dir / f"client{rank}.log"))
+            clients.append(spawn(args, run_dir / f"client{rank}.log", env=env))
         state = run_dir / "state"
         if state.exists():
             shutil.rmtree(state)
         args = serve_args(work, run_dir, limited=True, state_dir=state if state_dir else None)
-        with server(args, run_dir) as srv:
+        with server(args, run_dir, env) as srv:
             deadline = time.monotonic() + START_TIMEOUT + 3600
             while any(c.poll() is None for c in clients):
                 if srv.proc.poll() is not None:

@@ -55,3 +55,10 @@ def test_results_from_before_hand_encoding_still_render():
     text = report.delivery_table(results_with(delivery, 2.0))
     assert "serialize it for gRPC | 100" in text and "**700**" in text
     assert "encode the message bytes" not in text
+
+
+def test_the_report_names_the_allocator_every_row_ran_with():
+    line = report.allocator_line({"allocator": "/usr/lib/libmimalloc.so.2"})
+    assert "`/usr/lib/libmimalloc.so.2` preloaded" in line and "glibc malloc run without" in line
+    assert "glibc malloc in every row" in report.allocator_line({"allocator": None})
+    assert "glibc malloc in every row" in report.allocator_line({})
