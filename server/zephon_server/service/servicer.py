@@ -323,29 +323,28 @@ def serialize_stream_response(response: pb.StreamBatchesResponse | bytes) -> byt
 def add_to_server(service: DataService, server: grpc.Server) -> None:
     """Register ``service`` like the generated ``add_DataServiceServicer_to_server``, except
     that ``StreamBatches`` responses may be pre-encoded bytes (see :mod:`.encoding`)."""
-    handlers = {
-        "GetInfo": grpc.unary_unary_rpc_method_handler(
-            service.GetInfo,
-            request_deserializer=pb.GetInfoRequest.FromString,
-            response_serializer=pb.GetInfoResponse.SerializeToString,
-        ),
-        "StreamBatches": grpc.stream_stream_rpc_method_handler(
-            service.StreamBatches,
-            request_deserializer=pb.StreamBatchesRequest.FromString,
-            response_serializer=serialize_stream_response,
-        ),
-        "Checkpoint": grpc.unary_unary_rpc_method_handler(
-            service.Checkpoint,
-            request_deserializer=pb.CheckpointRequest.FromString,
-            response_serializer=pb.CheckpointResponse.SerializeToString,
-        ),
-        "Resume": grpc.unary_unary_rpc_method_handler(
-            service.Resume,
-            request_deserializer=pb.ResumeRequest.FromString,
-            response_serializer=pb.ResumeResponse.SerializeToString,
-        ),
+    unary = {
+        "GetInfo": (pb.GetInfoRequest, pb.GetInfoResponse),
+        "Checkpoint": (pb.CheckpointRequest, pb.CheckpointResponse),
+        "Resume": (pb.ResumeRequest, pb.ResumeResponse),
     }
-    name = pb.DESCRIPTOR.services_by_name["DataService"].full_name
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(service, name),
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
+        for name, (request, response) in unary.items()
+    }
+    handlers["StreamBatches"] = grpc.stream_stream_rpc_method_handler(
+        service.StreamBatches,
+        request_deserializer=pb.StreamBatchesRequest.FromString,
+        response_serializer=serialize_stream_response,
+    )
+    described = pb.DESCRIPTOR.services_by_name["DataService"]
+    if set(handlers) != set(described.methods_by_name):  # an RPC added to the proto only
+        raise RuntimeError(f"DataService handlers {sorted(handlers)} do not match the proto")
+    name = described.full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63
         server.add_registered_method_handlers(name, handlers)
