@@ -129,6 +129,13 @@ def test_serve_preloads_mimalloc_and_the_data_do_not_change(tmp_path, corpus_dir
         assert has_mimalloc(by_path.proc.pid)
     with server(["--config", str(cfg)], tmp_path, env={"ZEPHON_ALLOCATOR": "system"}) as env:
         assert not has_mimalloc(env.proc.pid)
+    # --allocator system also drops an allocator the server inherited in LD_PRELOAD.
+    inherited = {"LD_PRELOAD": MIMALLOC}
+    with server(["--config", str(cfg), "--allocator", "system"], tmp_path, env=inherited) as srv:
+        assert not has_mimalloc(srv.proc.pid)
+        assert "memory allocator: glibc malloc" in srv.output()
+    with server(["--config", str(cfg)], tmp_path, env=inherited) as srv:
+        assert has_mimalloc(srv.proc.pid)  # auto keeps a preload the user set
 
 
 @pytest.mark.service

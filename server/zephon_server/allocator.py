@@ -37,6 +37,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from .engine.errors import ZephonError
 
@@ -144,8 +145,7 @@ def loaded_library(maps: str = "/proc/self/maps") -> str | None:
         return None
     for line in text.splitlines():
         path = line.rsplit(" ", 1)[-1]
-        base = os.path.basename(path)
-        if any(base.startswith(lib) for names, _ in KNOWN.values() for lib in names):
+        if _is_allocator(path):
             return path
     return None
 
@@ -161,16 +161,21 @@ def describe(library: str | None) -> str:
     return library
 
 
+def _is_allocator(path: str) -> bool:
+    base = os.path.basename(path)
+    return any(base.startswith(lib) for names, _ in KNOWN.values() for lib in names)
+
+
 def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
-    """Re-execute this process with ``choice``'s library preloaded unless it is loaded already.
+    """Re-execute this process so that it runs on ``choice`` (see the module docstring).
 
     ``argv`` is the command line to run again (default ``sys.orig_argv``). Returns normally
     when nothing needs doing; logs which allocator the process runs with.
     """
-    if os.environ.pop(_MARK, None) is not None:
-        wanted = os.environ.get("LD_PRELOAD", "").split(":")[0]
+    if os.environ.pop(_MARK, None) is not None:  # this is the re-executed process
         current = loaded_library()
-        if current is None:
+        if current is None and choice != "system":
+            wanted = os.environ.get("LD_PRELOAD", "").split(":")[0]
             log.warning(
                 "memory allocator: %s could not be preloaded; running on glibc malloc", wanted
             )
@@ -178,9 +183,19 @@ def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
             log.info("memory allocator: %s", describe(current))
         return
     current = loaded_library()
+    preload = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
+    if choice == "system" and current is not None:
+        kept = [p for p in preload if not _is_allocator(p)]
+        if kept == preload:
+            log.warning(
+                "memory allocator: --allocator system, but %s is loaded by other means",
+                describe(current),
+            )
+            return
+        _reexec(kept, "system", argv)
     target = resolve(choice)
     if target.library is None or current is not None:
-        if current is None and choice == "auto" and not os.environ.get("LD_PRELOAD"):
+        if current is None and choice == "auto" and not preload:
             log.info(
                 "memory allocator: glibc malloc; install mimalloc (Debian/Ubuntu: apt-get install "
                 "libmimalloc2.0) for ~25% less CPU per token (--allocator, docs/operations.md)"
@@ -188,10 +203,17 @@ def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
         else:
             log.info("memory allocator: %s", describe(current))
         return
+    _reexec([target.library, *preload], target.name, argv)
+
+
+def _reexec(preload: list[str], name: str, argv: Sequence[str] | None) -> NoReturn:
+    """Run this program again, same pid and arguments, with ``LD_PRELOAD`` = ``preload``."""
     env = dict(os.environ)
-    preload = [target.library, *filter(None, env.get("LD_PRELOAD", "").split(":"))]
-    env["LD_PRELOAD"] = ":".join(preload)
-    env[_MARK] = target.name
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload)
+    else:
+        env.pop("LD_PRELOAD", None)
+    env[_MARK] = name
     args = list(sys.orig_argv if argv is None else argv)
     sys.stdout.flush()
     sys.stderr.flush()
