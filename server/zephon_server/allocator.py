@@ -20,7 +20,7 @@ process of its own (tests, embedding). Choices (``--allocator`` or ``ZEPHON_ALLO
 ``mimalloc`` / ``jemalloc``
     that library; start-up fails naming the package when it is not installed.
 ``system``
-    glibc's malloc (no re-execution).
+    glibc's malloc (re-executes only to drop an allocator inherited through ``LD_PRELOAD``).
 a path
     that shared library.
 
