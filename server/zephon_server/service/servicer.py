@@ -323,7 +323,7 @@ def serialize_stream_response(response: pb.StreamBatchesResponse | bytes) -> byt
 def add_to_server(service: DataService, server: grpc.Server) -> None:
     """Register ``service`` like the generated ``add_DataServiceServicer_to_server``, except
     that ``StreamBatches`` responses may be pre-encoded bytes (see :mod:`.encoding`)."""
-    unary = {
+    unary: dict[str, tuple[Any, Any]] = {  # method -> (request, response) message classes
         "GetInfo": (pb.GetInfoRequest, pb.GetInfoResponse),
         "Checkpoint": (pb.CheckpointRequest, pb.CheckpointResponse),
         "Resume": (pb.ResumeRequest, pb.ResumeResponse),
