@@ -63,6 +63,7 @@ def test_the_mapped_allocator_is_read_from_the_process_maps(tmp_path):
     maps.write_text("7f00-7f01 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     assert allocator.loaded_library(str(maps)) is None
     assert allocator.describe(None) == "glibc malloc"
+    assert allocator.current_name() in ("glibc", "mimalloc", "jemalloc")  # this process
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,6 +41,9 @@ def test_prometheus_scrapes_stalls_reorder_depth_and_exact_batch_count(tmp_path,
             # the bytes counter counts the (hand-encoded) responses exactly
             sent_bytes = prom.query("sum(zephon_sent_bytes_total)")
             assert float(sent_bytes[0]["value"][1]) == wire_bytes > 0
+            # the server runs on mimalloc (--allocator auto) and says so
+            info = prom.query("zephon_server_info")
+            assert info[0]["metric"]["allocator"] == "mimalloc", info
             stalls = prom.wait_for('zephon_sentinels_stalled_total{op="batch"}', lambda r: r)
             assert float(stalls[0]["value"][1]) > 0
             stalled_now = prom.query("zephon_stalled_sentinels")

@@ -150,6 +150,15 @@ def loaded_library(maps: str = "/proc/self/maps") -> str | None:
     return None
 
 
+def current_name() -> str:
+    """The allocator this process runs on: ``mimalloc``, ``jemalloc``, a library's file name,
+    or ``glibc``."""
+    library = loaded_library()
+    if library is None:
+        return "glibc"
+    return describe(library).split(" (")[0].rsplit("/", 1)[-1]
+
+
 def describe(library: str | None) -> str:
     """A log line's words for the allocator in use."""
     if library is None:

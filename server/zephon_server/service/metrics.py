@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from .. import __version__
+from ..allocator import current_name
 from ..engine.hub import LaneHub
 from ..engine.records import SampleBatch
 
@@ -51,6 +53,13 @@ class ServiceMetrics:
         self.checkpoint_bytes = Gauge(
             "zephon_checkpoint_size_bytes", "Size of the last checkpoint", registry=registry
         )
+        self.info = Gauge(
+            "zephon_server_info",
+            "Always 1; labels: the server's version and the memory allocator it runs on",
+            ["version", "allocator"],
+            registry=registry,
+        )
+        self.info.labels(version=__version__, allocator=current_name()).set(1)
         self._lock = threading.Lock()
         if hub is not None:
             registry.register(EngineCollector(hub))
