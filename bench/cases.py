@@ -11,12 +11,13 @@ one line, e.g.::
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_server.allocator import resolve as resolve_allocator
+from zephon_server import allocator
 
 from .service import service_throughput, spawn, stop, tail
 from .workload import MAX_LENGTH, Workload
@@ -54,9 +55,16 @@ def measure_child(
     return json.loads(out.read_text())
 
 
-ALLOCATOR = resolve_allocator("auto").library
-"""The allocator library every case runs with: the one ``zephon serve --allocator auto`` picks
-on this machine (``bench.run`` preloads it for its children; None: glibc's malloc)."""
+def bench_allocator(environ: dict[str, str] | None = None) -> str | None:
+    """The allocator library the cases run with: one already in ``LD_PRELOAD``, else the one
+    ``zephon serve --allocator auto`` picks on this machine (None: glibc's malloc)."""
+    env = os.environ if environ is None else environ
+    preloaded = [p for p in env.get("LD_PRELOAD", "").split(":") if allocator.is_allocator(p)]
+    return preloaded[0] if preloaded else allocator.resolve("auto", {}).library
+
+
+ALLOCATOR = bench_allocator()
+"""The allocator library every case runs with (``bench.run`` preloads it for its children)."""
 GLIBC: dict[str, str | None] = {"LD_PRELOAD": None}
 """The environment change that runs a case on glibc's malloc instead (the ``_glibc`` cases)."""
 

@@ -8,6 +8,7 @@ system`` keeps glibc's malloc, and the lanes' batches are bit-identical under bo
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,12 @@ def test_the_mapped_allocator_is_read_from_the_process_maps(tmp_path):
     found = allocator.loaded_library(str(maps))
     assert found == "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0"
     assert allocator.describe(found) == f"mimalloc ({found})"
+    assert allocator.name_of("/opt/lib/libtcmalloc.so.4") == "libtcmalloc.so.4"
+    custom = tmp_path / "libcustom.so"
+    custom.write_bytes(b"")
+    maps.write_text(f"7f00-7f01 r-xp 00000000 08:01 1 {custom.resolve()}\n")
+    assert allocator.loaded_library(str(maps)) is None
+    assert allocator.loaded_library(str(maps), also=str(custom)) == str(custom.resolve())
     maps.write_text("7f00-7f01 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     assert allocator.loaded_library(str(maps)) is None
     assert allocator.describe(None) == "glibc malloc"
@@ -123,11 +130,16 @@ def test_serve_preloads_mimalloc_and_the_data_do_not_change(tmp_path, corpus_dir
         assert not has_mimalloc(plain.proc.pid)
         assert "memory allocator: glibc malloc" in plain.output()
         assert lane_digests(plain, 2) == preloaded
-    # ZEPHON_ALLOCATOR sets the default; an explicit path works like a name.
+    # ZEPHON_ALLOCATOR sets the default; an explicit path works like a name, also for a
+    # library Zephon does not know by name (here mimalloc under another file name).
+    custom = tmp_path / "libfastalloc.so"
+    shutil.copy(MIMALLOC, custom)
     with server(
-        ["--config", str(cfg), "--allocator", MIMALLOC], tmp_path, env={"ZEPHON_ALLOCATOR": "x"}
+        ["--config", str(cfg), "--allocator", str(custom)], tmp_path, env={"ZEPHON_ALLOCATOR": "x"}
     ) as by_path:
-        assert has_mimalloc(by_path.proc.pid)
+        assert "libfastalloc.so" in mapped(by_path.proc.pid)
+        assert f"memory allocator: libfastalloc.so ({custom.resolve()})" in by_path.output()
+        assert "could not be preloaded" not in by_path.output()
     with server(["--config", str(cfg)], tmp_path, env={"ZEPHON_ALLOCATOR": "system"}) as env:
         assert not has_mimalloc(env.proc.pid)
     # --allocator system also drops an allocator the server inherited in LD_PRELOAD.

@@ -40,3 +40,14 @@ def test_rounds_missing_a_side_are_left_out():
     assert round_ratios([{"rate": 1.0}, {}], [{"rate": 2.0}, {"rate": 2.0}], "rate") == [0.5, None]
     assert median_round([None, 0.8, 0.9, 1.0]) == 2
     assert median_round([None]) is None
+
+
+def test_the_bench_runs_on_a_preloaded_allocator_or_the_one_the_server_picks():
+    from bench.cases import bench_allocator
+    from zephon_server import allocator
+
+    preloaded = "/opt/x/libjemalloc.so.2"
+    assert bench_allocator({"LD_PRELOAD": f"/opt/libfoo.so:{preloaded}"}) == preloaded
+    picked = allocator.resolve("auto", {}).library
+    assert bench_allocator({"LD_PRELOAD": "/opt/libfoo.so"}) == picked
+    assert bench_allocator({}) == picked

@@ -13,9 +13,10 @@ Installs with grpcio, protobuf and numpy only; it never imports the server's eng
 """
 
 from .channel import AUTH_TOKEN_ENV, DEFAULT_CHANNEL_OPTIONS, TLSConfig
-from .client import Batch, CheckpointInfo, DataClient, merge_state_dicts
+from .client import Batch, CheckpointInfo, DataClient
 from .errors import ZephonClientError
 from .mapping import lanes_for_rank
+from .state import merge_state_dicts
 from .wire import CHAIN_SEED, ChainMismatch, ClosedDocument, DecodedBatch, LaneEnd, WireError
 
 __version__ = "0.1.0"

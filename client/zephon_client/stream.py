@@ -92,7 +92,6 @@ class LaneStream:
         self._task: asyncio.Task[None] | None = None
         self._done = threading.Event()
         self._cancelled = threading.Event()
-        self._drained = threading.Event()
         # Acks (on the I/O loop): wanted = consumed so far, sent = queued for gRPC.
         self._ack_wanted = self._ack_sent = start_seq
         self._ack_sent_at = float("-inf")
@@ -164,15 +163,12 @@ class LaneStream:
     def close(self, timeout: float = 1.0, *, flush: bool = False) -> None:
         """Cancel the call and wait for its reader to finish (up to ``timeout`` seconds).
 
-        ``flush`` first ends the request stream and waits (up to ``timeout / 4``) until the
-        acks already queued were handed to gRPC, so the last ack is not lost to the cancel.
+        ``flush`` first leaves politely (:meth:`leave`: the pending Ack goes out, the request
+        stream ends) and gives the call up to ``timeout / 2`` to end on its own, so the last
+        Ack is not lost to the cancel (the server waits for it after EndOfStream).
         """
-        if flush and not self._cancelled.is_set():
-            io_loop.call(self._end_requests)
-            self._drained.wait(timeout / 4)
-            # Let the server see the acks and end the call itself (it waits for them after
-            # EndOfStream) rather than racing them with a cancel.
-            self._done.wait(timeout / 2)
+        if flush and self.leave():
+            self.join(timeout / 2)
         self.cancel()
         self.join(timeout)
 
@@ -187,15 +183,12 @@ class LaneStream:
             self._task.cancel()  # also when it waits for room in the mailbox
 
     async def _request_iterator(self) -> AsyncIterator[pb.StreamBatchesRequest]:
-        try:
-            yield self._open
-            while True:
-                request = await self._requests.get()
-                if request is None:
-                    return
-                yield request
-        finally:
-            self._drained.set()
+        yield self._open
+        while True:
+            request = await self._requests.get()
+            if request is None:
+                return
+            yield request
 
     async def _read(self, stub: pb_grpc.DataServiceStub) -> None:
         ended = False

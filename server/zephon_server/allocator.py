@@ -137,42 +137,46 @@ def resolve(choice: str, environ: Mapping[str, str] | None = None) -> Allocator:
     return Allocator(path.name, str(path.resolve()))
 
 
-def loaded_library(maps: str = "/proc/self/maps") -> str | None:
-    """The known allocator library mapped into this process (Linux), or None."""
+def is_allocator(path: str) -> bool:
+    """Whether ``path`` names one of the :data:`KNOWN` allocators' libraries."""
+    base = os.path.basename(path)
+    return any(base.startswith(lib) for names, _ in KNOWN.values() for lib in names)
+
+
+def loaded_library(maps: str = "/proc/self/maps", also: str | None = None) -> str | None:
+    """The allocator library mapped into this process (Linux): a :data:`KNOWN` one, or the
+    library ``also`` (any path to it); None when there is none."""
+    wanted = os.path.realpath(also) if also else None
     try:
         text = Path(maps).read_text()
     except OSError:
         return None
     for line in text.splitlines():
         path = line.rsplit(" ", 1)[-1]
-        if _is_allocator(path):
+        if is_allocator(path) or (wanted is not None and path == wanted):
             return path
     return None
 
 
-def current_name() -> str:
-    """The allocator this process runs on: ``mimalloc``, ``jemalloc``, a library's file name,
-    or ``glibc``."""
-    library = loaded_library()
+def name_of(library: str | None) -> str:
+    """``mimalloc``, ``jemalloc``, another library's file name, or ``glibc`` (None)."""
     if library is None:
         return "glibc"
-    return describe(library).split(" (")[0].rsplit("/", 1)[-1]
+    base = os.path.basename(library)
+    for name, (libraries, _) in KNOWN.items():
+        if any(base.startswith(lib) for lib in libraries):
+            return name
+    return base
+
+
+def current_name() -> str:
+    """The allocator this process runs on (see :func:`name_of`)."""
+    return name_of(loaded_library())
 
 
 def describe(library: str | None) -> str:
     """A log line's words for the allocator in use."""
-    if library is None:
-        return "glibc malloc"
-    base = os.path.basename(library)
-    for name, (libraries, _) in KNOWN.items():
-        if any(base.startswith(lib) for lib in libraries):
-            return f"{name} ({library})"
-    return library
-
-
-def _is_allocator(path: str) -> bool:
-    base = os.path.basename(path)
-    return any(base.startswith(lib) for names, _ in KNOWN.values() for lib in names)
+    return "glibc malloc" if library is None else f"{name_of(library)} ({library})"
 
 
 def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
@@ -182,9 +186,9 @@ def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
     when nothing needs doing; logs which allocator the process runs with.
     """
     if os.environ.pop(_MARK, None) is not None:  # this is the re-executed process
-        current = loaded_library()
+        wanted = os.environ.get("LD_PRELOAD", "").split(":")[0]
+        current = loaded_library(also=wanted if choice != "system" else None)
         if current is None and choice != "system":
-            wanted = os.environ.get("LD_PRELOAD", "").split(":")[0]
             log.warning(
                 "memory allocator: %s could not be preloaded; running on glibc malloc", wanted
             )
@@ -194,7 +198,7 @@ def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
     current = loaded_library()
     preload = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
     if choice == "system" and current is not None:
-        kept = [p for p in preload if not _is_allocator(p)]
+        kept = [p for p in preload if not is_allocator(p)]
         if kept == preload:
             log.warning(
                 "memory allocator: --allocator system, but %s is loaded by other means",
@@ -209,6 +213,8 @@ def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
                 "memory allocator: glibc malloc; install mimalloc (Debian/Ubuntu: apt-get install "
                 "libmimalloc2.0) for ~25% less CPU per token (--allocator, docs/operations.md)"
             )
+        elif current is None and preload:
+            log.info("memory allocator: as LD_PRELOAD sets it (%s)", ":".join(preload))
         else:
             log.info("memory allocator: %s", describe(current))
         return
