@@ -21,6 +21,10 @@ Kinds:
     cache the first run wrote, and without it.
 
 ``--profile FILE`` (engine, tokenizer) writes a cProfile of the measured part.
+
+Every kind runs under the garbage-collector policy ``zephon serve`` applies
+(:mod:`zephon_server.gc_policy`: ``tuned`` unless ``ZEPHON_GC`` says otherwise), so the
+in-process rows and the service rows run the engine alike.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from zephon_server import gc_policy
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.records import SampleBatch
 from zephon_server.engine.replay_cache import ReplayCache
@@ -388,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (the benchmark stopping us) unwinds, so a run closes its worker processes.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Workload.from_json(Path(args.workload).read_text())
+    # In-process rows run as `zephon serve` runs the engine: its garbage-collector policy.
+    gc_policy.apply(os.environ.get(gc_policy.ENV) or "tuned")
     if args.kind == "engine":
         result = _profiled(args.profile, lambda: engine(work, args.runner, args.workers))
     elif args.kind == "tokenizer":

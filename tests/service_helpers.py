@@ -139,14 +139,17 @@ def server(args: list[str], workdir: Path, env: dict | None = None) -> Iterator[
             assert code == 0, f"server exit code {code}:\n{proc.output()[-3000:]}"
 
 
-def serve_once(args: list[str], workdir: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    """``zephon serve`` expected to fail at start-up (bounded)."""
+def serve_once(
+    args: list[str], workdir: Path, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``zephon serve`` expected to fail at start-up (bounded); ``env`` adds variables."""
     return subprocess.run(
         [sys.executable, "-m", "zephon_server.cli", "serve", "--port", "0", *args],
         cwd=workdir,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **env} if env else None,
     )
 
 

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ... import gc_policy
 from .. import shm
 from ..errors import WorkerError
 from .base import PooledRunner
@@ -28,6 +29,7 @@ _WORKER_STEPS: dict[int, Step] = {}
 
 def _init_worker(steps: list[Step], contexts: list[list[Any]]) -> None:
     """Worker initializer: keep the steps and run every operator's setup here."""
+    gc_policy.apply_inherited()
     for step, ctxs in zip(steps, contexts):
         for op, ctx in zip(step.ops, ctxs):
             ctx.worker_id = os.getpid()
@@ -58,6 +60,7 @@ class ProcessesRunner(PooledRunner):
         self._notes: dict[int, str] = {}  # step -> death note, computed once
 
     def start_pool(self) -> None:
+        gc_policy.check(os.environ.get(gc_policy.ENV) or "tuned")  # here, not in each worker
         ctx = multiprocessing.get_context("spawn")
         op_index = {id(op): i for i, op in enumerate(self.plan.ops)}
         for d in self.drivers:
