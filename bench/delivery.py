@@ -16,7 +16,10 @@ every lane of the benchmark pipeline from the in-process engine and measures, as
   the real client does at high rates (every ``ACK_EVERY``-th batch); CPU of each side per
   message;
 * the real :class:`~zephon_client.DataClient` against the same replay server, with and without
-  verification: the client's whole CPU per batch (transport, decode, verify, hand-off).
+  verification: the client's whole CPU per batch (transport, decode, verify, hand-off), and
+  the replay server's CPU per batch meanwhile;
+* the same DataClient with the batches sent :data:`GROUP` per message (``BatchGroup``, as the
+  service sends the batches that are ready together): both sides' CPU per batch.
 
 The replay server does no pipeline work, so none of this is mixed with the tokenizer's CPU.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import pickle
@@ -35,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -73,6 +77,49 @@ def capture(config: str, batches: int) -> tuple[list[Any], dict[int, list[bytes]
         end = pb.EndOfStream(next_seq=len(msgs), chain_digest=chains[lane])
         msgs.append(pb.StreamBatchesResponse(end=end).SerializeToString())
     return kept, dict(lanes)
+
+
+GROUP = 3
+"""Batches per message in the grouped replay: what the service achieved on the benchmark
+pipeline (``zephon_batches_sent_total / zephon_messages_sent_total`` = 2.98 in a
+single-rank run), as the engine finishes a lane's batches in bursts of ~6."""
+
+
+def grouped(batches: list[Any], size: int) -> dict[int, list[bytes]]:
+    """Each lane's batches as ``BatchGroup`` messages of ``size`` (its ``EndOfStream`` last)."""
+    from zephon_proto.v1 import data_service_pb2 as pb
+    from zephon_server.service.encoding import encode_group_response
+
+    by_lane: dict[int, list[Any]] = collections.defaultdict(list)
+    for batch in batches:
+        by_lane[batch.lane_id].append(batch)
+    out = {}
+    for lane, mine in by_lane.items():
+        msgs = [encode_group_response(mine[i : i + size]) for i in range(0, len(mine), size)]
+        end = pb.EndOfStream(next_seq=len(mine), chain_digest=mine[-1].chain_digest)
+        out[lane] = [*msgs, pb.StreamBatchesResponse(end=end).SerializeToString()]
+    return out
+
+
+@contextlib.contextmanager
+def replay_server(lanes: dict[int, list[bytes]]) -> Iterator[tuple[str, Any]]:
+    """A replay server child process serving ``lanes``: (its address, its psutil.Process)."""
+    import psutil
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "messages.pkl"
+        path.write_bytes(pickle.dumps(lanes))
+        child = subprocess.Popen(
+            [sys.executable, "-m", "bench.delivery", "--serve", str(path)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            yield f"127.0.0.1:{int(child.stdout.readline())}", psutil.Process(child.pid)
+        finally:
+            child.kill()
+            child.wait()
 
 
 def per_item_us(fn: Callable[[Any], Any], items: list[Any], rounds: int) -> float:
@@ -230,7 +277,6 @@ def cpu_per_batch(
 
 def measure(config: str, batches: int = 32, rounds: int = 3, reps: int = 3) -> dict[str, Any]:
     """Every part's CPU microseconds per batch (see the module docstring)."""
-    import psutil
 
     from zephon_client import wire as client_wire
     from zephon_proto.v1 import data_service_pb2 as pb
@@ -263,30 +309,22 @@ def measure(config: str, batches: int = 32, rounds: int = 3, reps: int = 3) -> d
     result["client_verify_us"] = per_item_us(
         lambda check: client_wire.verify(*check), checks, rounds
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "messages.pkl"
-        path.write_bytes(pickle.dumps(lanes))
-        child = subprocess.Popen(
-            [sys.executable, "-m", "bench.delivery", "--serve", str(path)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert child.stdout is not None
-            address = f"127.0.0.1:{int(child.stdout.readline())}"
-            server = psutil.Process(child.pid)
-            counts = {lane: len(msgs) - 1 for lane, msgs in lanes.items()}
-            bare = cpu_per_batch(lambda: bare_transport(address, counts), server, rounds, reps)
-            full = cpu_per_batch(lambda: data_client(address, True), server, rounds, reps)
-            unverified = cpu_per_batch(lambda: data_client(address, False), server, rounds, reps)
-        finally:
-            child.kill()
-            child.wait()
+    counts = {lane: len(msgs) - 1 for lane, msgs in lanes.items()}
+    with replay_server(lanes) as (address, server):
+        bare = cpu_per_batch(lambda: bare_transport(address, counts), server, rounds, reps)
+        full = cpu_per_batch(lambda: data_client(address, True), server, rounds, reps)
+        unverified = cpu_per_batch(lambda: data_client(address, False), server, rounds, reps)
+    with replay_server(grouped(engine_batches, GROUP)) as (address, server):
+        in_groups = cpu_per_batch(lambda: data_client(address, True), server, rounds, reps)
     result.update(
         transport_client_us=bare[0],
         transport_server_us=bare[1],
         data_client_us=full[0],
         data_client_no_verify_us=unverified[0],
+        data_client_server_us=full[1],
+        group=GROUP,
+        data_client_grouped_us=in_groups[0],
+        data_client_grouped_server_us=in_groups[1],
     )
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in result.items()}
 

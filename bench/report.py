@@ -248,6 +248,26 @@ def delivery_table(results: dict[str, Any]) -> str:
             f"{d['data_client_no_verify_us'] / engine:.1%}",
         ]
     )
+    if "data_client_grouped_us" in d:
+        group = d["group"]
+        for side, what, key in (
+            (
+                "server",
+                "gRPC send, one batch per message, while the DataClient reads",
+                "data_client_server_us",
+            ),
+            (
+                "server",
+                f"the same, {group} batches per message (`BatchGroup`)",
+                "data_client_grouped_server_us",
+            ),
+            (
+                "client",
+                f"the real DataClient, whole, {group} batches per message",
+                "data_client_grouped_us",
+            ),
+        ):
+            rows.append([side, what, f"{d[key]:.0f}", f"{d[key] / engine:.1%}"])
     return table(rows, ["side", "part", "CPU µs per batch", "of the engine's CPU per batch"])
 
 

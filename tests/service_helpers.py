@@ -153,10 +153,25 @@ def serve_once(
     )
 
 
-def open_request(lane: int, start_seq: int = 0, consumer: str = "test"):
+def open_request(lane: int, start_seq: int = 0, consumer: str = "test", per_message: int = 0):
     return pb.StreamBatchesRequest(
-        open=pb.OpenLane(lane=lane, start_seq=start_seq, consumer=consumer)
+        open=pb.OpenLane(
+            lane=lane,
+            start_seq=start_seq,
+            consumer=consumer,
+            max_batches_per_message=per_message,
+        )
     )
+
+
+def response_batches(resp) -> list:
+    """The ``SampleBatch`` messages of a response: one, or a ``BatchGroup``'s."""
+    kind = resp.WhichOneof("kind")
+    if kind == "batch":
+        return [resp.batch]
+    if kind == "batches":
+        return list(resp.batches.batches)
+    raise AssertionError(f"not a batch response: {kind}")
 
 
 def read_lane(
@@ -166,8 +181,11 @@ def read_lane(
     count: int | None = None,
     consumer: str = "reader",
     ack: bool = True,
+    per_message: int = 0,
+    sizes: list[int] | None = None,
 ) -> tuple[list, object]:
-    """Read ``count`` batches (or to the end) of a lane with a raw stub.
+    """Read ``count`` batches (or to the end) of a lane with a raw stub, accepting up to
+    ``per_message`` batches per message (``sizes`` collects each message's batch count).
 
     Returns ``(batches, end)`` where batches are ``pb.SampleBatch`` and ``end`` is the
     ``EndOfStream`` message or None when stopped by ``count``.
@@ -175,7 +193,7 @@ def read_lane(
     import queue
 
     requests: queue.Queue = queue.Queue()
-    requests.put(open_request(lane, start_seq, consumer))
+    requests.put(open_request(lane, start_seq, consumer, per_message))
 
     def gen():
         while True:
@@ -192,9 +210,12 @@ def read_lane(
             if resp.WhichOneof("kind") == "end":
                 end = resp.end
                 break
-            batches.append(resp.batch)
+            got = response_batches(resp)
+            if sizes is not None:
+                sizes.append(len(got))
+            batches.extend(got)
             if ack:
-                requests.put(pb.StreamBatchesRequest(ack=pb.Ack(next_seq=resp.batch.seq + 1)))
+                requests.put(pb.StreamBatchesRequest(ack=pb.Ack(next_seq=got[-1].seq + 1)))
             if count is not None and len(batches) >= count:
                 break
     finally:

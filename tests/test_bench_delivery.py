@@ -22,8 +22,16 @@ def test_every_part_of_delivering_a_batch_is_measured(tmp_path, corpus_dir):
     # 8 rows x 2048 tokens of int32 ids, positions and segment ids, and a bool mask
     assert got["message_bytes"] > 8 * 2048 * 13
     assert 0 < got["tokens_per_batch"] <= 8 * 2048
-    for key in [*PARTS, "server_protobuf_us", "data_client_us", "data_client_no_verify_us"]:
+    grouped = ["data_client_server_us", "data_client_grouped_us", "data_client_grouped_server_us"]
+    for key in [
+        *PARTS,
+        "server_protobuf_us",
+        "data_client_us",
+        "data_client_no_verify_us",
+        *grouped,
+    ]:
         assert got[key] > 0, key
+    assert got["group"] == 3
 
 
 def results_with(delivery: dict[str, float], engine_cpu_per_mtok: float) -> dict:
@@ -46,6 +54,15 @@ def test_delivery_table_states_each_part_against_the_engines_cpu_per_batch():
     assert "(unused) | 160 | 0.8% |" in report.delivery_table(results)
     assert "| 100 | 0.5% |" in text and "| 300 | 1.5% |" in text
     assert report.delivery_table({"runs": {}, "delivery": None}) == ""
+    delivery.update(
+        group=3,
+        data_client_server_us=240.0,
+        data_client_grouped_us=180.0,
+        data_client_grouped_server_us=120.0,
+    )
+    text = report.delivery_table(results)
+    assert "| server | the same, 3 batches per message (`BatchGroup`) | 120 | 0.6% |" in text
+    assert "| client | the real DataClient, whole, 3 batches per message | 180 | 0.9% |" in text
 
 
 def test_results_from_before_hand_encoding_still_render():

@@ -29,7 +29,13 @@ from zephon_client import (
     merge_state_dicts,
     wire,
 )
-from zephon_client.stream import ACK_INTERVAL, CORE_INTERNAL_DETAILS, _Item, _retryable
+from zephon_client.stream import (
+    ACK_INTERVAL,
+    BATCHES_PER_MESSAGE,
+    CORE_INTERNAL_DETAILS,
+    _Item,
+    _retryable,
+)
 from zephon_client.tail import byte_decode, tail
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
@@ -148,6 +154,9 @@ class FakeService(pb_grpc.DataServiceServicer):
         self.checkpoint_requests: list[pb.CheckpointRequest] = []
         self.resume_positions: dict[int, int] = {}
         self.active = 0  # StreamBatches calls not ended yet (cancelled calls end too)
+        self.group = 1  # batches per message for clients that accept that many
+        self.bad_group: str | None = None  # "empty", "oversized" or "gap": one bad BatchGroup
+        self.per_message_asked: list[int] = []  # OpenLane.max_batches_per_message of each open
 
     def _auth(self, context: grpc.ServicerContext) -> None:
         if self.token is None:
@@ -183,7 +192,9 @@ class FakeService(pb_grpc.DataServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lane {lane} is not served here")
         with self.lock:
             self.opens.append((lane, start, consumer))
+            self.per_message_asked.append(first.open.max_batches_per_message)
             self.active += 1
+        group = min(self.group, max(first.open.max_batches_per_message, 1))
 
         def ended() -> None:
             with self.lock:
@@ -237,6 +248,18 @@ class FakeService(pb_grpc.DataServiceServicer):
                     fail = None
             if fail is not None:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "server is draining")
+            if group > 1 or self.bad_group:
+                taken = batches[seq : seq + group]
+                if self.bad_group == "empty":
+                    taken = []
+                elif self.bad_group == "oversized":
+                    taken = batches[seq : seq + 9]
+                elif self.bad_group == "gap":
+                    taken = [batches[seq], batches[seq + 2]]
+                yield pb.StreamBatchesResponse(batches=pb.BatchGroup(batches=taken))
+                seq += len(taken)
+                sent += len(taken)
+                continue
             batch = batches[seq]
             if (lane, seq) in self.corrupt:
                 batch = pb.SampleBatch.FromString(batch.SerializeToString())
@@ -532,6 +555,28 @@ def test_a_wrong_chain_digest_raises_chain_mismatch_in_order():
             assert ids(got) == round_robin({0: 5, 1: 5})[:5]
         with client(address, consumer="trusting", verify=False) as c:
             assert len(list(c)) == 10
+
+
+def test_batch_groups_reach_the_consumer_one_by_one():
+    with fake({0: 7, 1: 5}) as (service, address), client(address) as c:
+        service.group = 3
+        assert ids(list(c)) == round_robin({0: 7, 1: 5})
+        assert service.per_message_asked == [BATCHES_PER_MESSAGE] * 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("empty", "protocol error: empty BatchGroup"),
+        ("oversized", f"BatchGroup of 9 batches; this stream takes at most {BATCHES_PER_MESSAGE}"),
+        ("gap", "protocol error: expected lane 0 seq 1, received lane 0 seq 2"),
+    ],
+)
+def test_a_bad_batch_group_is_a_protocol_error(bad, message):
+    with fake({0: 12}) as (service, address), client(address) as c:
+        service.bad_group = bad
+        with pytest.raises(ZephonClientError, match=message):
+            list(c)
 
 
 def test_out_of_range_raises_with_the_servers_message():

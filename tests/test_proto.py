@@ -134,9 +134,10 @@ BINDING_FIELDS = {
         "flush_every_k_chunks": 10,
     },
     "StreamBatchesRequest": {"open": 1, "ack": 2},
-    "OpenLane": {"lane": 1, "start_seq": 2, "consumer": 3},
+    "OpenLane": {"lane": 1, "start_seq": 2, "consumer": 3, "max_batches_per_message": 4},
     "Ack": {"next_seq": 1},
-    "StreamBatchesResponse": {"batch": 1, "end": 2},
+    "StreamBatchesResponse": {"batch": 1, "end": 2, "batches": 3},
+    "BatchGroup": {"batches": 1},
     "SampleBatch": {
         "lane": 1,
         "seq": 2,
@@ -175,6 +176,6 @@ def test_oneofs():
         return {f.name for f in desc.oneofs_by_name[name].fields}
 
     assert oneof("StreamBatchesRequest", "kind") == {"open", "ack"}
-    assert oneof("StreamBatchesResponse", "kind") == {"batch", "end"}
+    assert oneof("StreamBatchesResponse", "kind") == {"batch", "end", "batches"}
     assert oneof("ResumeRequest", "source") == {"checkpoint_id", "state"}
     assert pb.DESCRIPTOR.package == "zephon.v1"

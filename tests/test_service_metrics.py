@@ -74,7 +74,7 @@ def test_engine_collector_with_injected_registry(corpus_specs):
         for item in stream:
             if not hasattr(item, "tensors"):
                 break
-            metrics.sent(bytes(10), item)
+            metrics.sent(bytes(10), [item])
             hub.ack(0, "c", item.seq + 1)
             n += 1
         assert registry.get_sample_value("zephon_batches_sent_total") == n

@@ -3,6 +3,7 @@ shared lanes, reconnects, checkpoint → restart with ``--resume latest``, SIGTE
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import grpc
@@ -55,6 +56,50 @@ def test_two_consumers_of_one_lane_get_identical_batches(config, expected):
         (a, _), (b, _) = (f.result(timeout=120) for f in futures)
     assert [m.SerializeToString() for m in a] == [m.SerializeToString() for m in b]
     assert chains(a) == expected[2]
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads", "processes"])
+def test_batch_groups_carry_the_same_batches(config, expected, runner):
+    """A client that takes several batches per message gets the ready ones grouped: the same
+    batches in the same order as one per message (the dump), on every runner."""
+    cfg, work = config
+    workers = "1" if runner == "inline" else "2"
+    args = ["--config", str(cfg), "--runner", runner, "--workers", workers]
+    with server(args, work) as srv:
+        stub = srv.stub()
+        time.sleep(1.0)  # let the hub run ahead, so batches are ready together
+        for lane in range(4):
+            sizes: list[int] = []
+            batches, end = read_lane(stub, lane, per_message=4, sizes=sizes)
+            assert chains(batches) == expected[lane]
+            assert end is not None and end.next_seq == len(expected[lane])
+            assert max(sizes) <= 4 and sum(sizes) == len(batches)
+            assert max(sizes) > 1, sizes  # some did travel together
+
+
+def test_batch_groups_respect_the_send_window(config):
+    """Without acks a stream stops at the server's window (16 batches), groups or not."""
+    import threading
+
+    from zephon_server.service.servicer import WINDOW
+
+    cfg, work = config
+    with server(["--config", str(cfg)], work) as srv:
+        time.sleep(1.0)
+        sizes: list[int] = []
+
+        def read() -> None:
+            with contextlib.suppress(grpc.RpcError):  # the server drains at the end
+                read_lane(srv.stub(), 0, count=WINDOW + 1, ack=False, per_message=8, sizes=sizes)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while sum(sizes) < WINDOW and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # nothing more may come without an ack
+        assert sum(sizes) == WINDOW, sizes
+        assert max(sizes) <= 8 and len(sizes) >= WINDOW // 8
 
 
 def test_reconnect_mid_lane_continues_exactly(config, expected):

@@ -16,7 +16,7 @@ from zephon_server.engine.errors import ZephonError
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, Span
 from zephon_server.service import wire as sw
-from zephon_server.service.encoding import encode_batch_response, varint
+from zephon_server.service.encoding import encode_batch_response, encode_group_response, varint
 
 DTYPES = ["int32", "int64", "uint16", "uint32", "float32", "bool", "uint8"]
 
@@ -288,6 +288,19 @@ def test_hand_encoded_batches_are_byte_identical_to_protobuf():
         assert varint(value) == (field[1:] if value else b"\x00")
     with pytest.raises(sw.WireError, match="unsigned"):
         varint(-1)
+
+
+def test_hand_encoded_batch_groups_are_byte_identical_to_protobuf():
+    """A BatchGroup of any batches encodes as protobuf serializes it; a group of one is a
+    group too (the servicer sends a lone batch as SampleBatch instead), an empty one an error."""
+    batches = _batch_of_every_shape()
+    for group in (batches, batches[:1], batches[1:3]):
+        message = pb.StreamBatchesResponse(
+            batches=pb.BatchGroup(batches=[sw.batch_to_proto(b) for b in group])
+        )
+        assert encode_group_response(group) == message.SerializeToString()
+    with pytest.raises(sw.WireError, match="at least one batch"):
+        encode_group_response([])
 
 
 def test_end_of_stream():

@@ -29,6 +29,10 @@ ACK_EVERY = 4
 ACK_INTERVAL = 0.5
 """...or this many seconds after the previous one (an I/O-loop timer sends it)."""
 
+BATCHES_PER_MESSAGE = 8
+"""``OpenLane.max_batches_per_message``: the server may put up to this many ready batches in
+one message (a ``BatchGroup``); each still reaches the consumer alone."""
+
 # --------------------------------------------------------------------------------------------
 # One StreamBatches call
 # --------------------------------------------------------------------------------------------
@@ -82,8 +86,16 @@ class LaneStream:
         self._previous_chain = previous_chain
         self._metadata = tuple(metadata)
         self._open = pb.StreamBatchesRequest(
-            open=pb.OpenLane(lane=lane, start_seq=start_seq, consumer=consumer)
+            open=pb.OpenLane(
+                lane=lane,
+                start_seq=start_seq,
+                consumer=consumer,
+                max_batches_per_message=BATCHES_PER_MESSAGE,
+            )
         )
+        self._per_message = BATCHES_PER_MESSAGE
+        self._expected = start_seq
+        self._chain = previous_chain
         # Bounded: when the consumer lags, the reader stops reading and HTTP/2 flow control
         # holds the server back (besides its ack window), so memory stays small.
         self._items: io_loop.Mailbox[_Item] = io_loop.Mailbox(prefetch)
@@ -219,45 +231,33 @@ class LaneStream:
 
     async def _receive(self, call: Any) -> bool:
         """Read the call's responses into the mailbox; True once ``EndOfStream`` arrived."""
-        expected = self.start_seq
-        chain = self._previous_chain
+        self._expected = self.start_seq
+        self._chain = self._previous_chain
         ended = False
         async for response in call:
             kind = response.WhichOneof("kind")
-            if kind == "batch" and not ended:
-                msg = response.batch
-                if msg.lane != self.lane or msg.seq != expected:
-                    raise ZephonClientError(
-                        None,
-                        f"protocol error: expected lane {self.lane} seq {expected}, "
-                        f"received lane {msg.lane} seq {msg.seq}",
-                        lane=self.lane,
-                        address=self.address,
+            if ended:
+                pass  # nothing may follow EndOfStream; the lane already left the rotation
+            elif kind == "batch":
+                await self._take(response.batch)
+            elif kind == "batches":
+                group = response.batches.batches
+                if not group:
+                    raise self._protocol_error("empty BatchGroup")
+                if len(group) > self._per_message:
+                    raise self._protocol_error(
+                        f"BatchGroup of {len(group)} batches; this stream takes at most "
+                        f"{self._per_message} per message"
                     )
-                batch = decode_batch(msg)
-                if self._verify:
-                    if chain is None:
-                        content = content_digest(batch.tensors)
-                        if content != batch.digest:
-                            raise ChainMismatch(
-                                batch.lane, batch.seq, "content digest", content, batch.digest
-                            )
-                    else:
-                        verify_batch(batch, chain)
-                chain = batch.chain_digest
-                expected += 1
-                self.received += 1
-                await self._items.put(_Item("batch", batch=batch))
-            elif kind == "end" and not ended:
+                for msg in group:
+                    await self._take(msg)
+            elif kind == "end":
                 end = response.end
-                if end.next_seq != expected:
-                    raise ZephonClientError(
-                        None,
-                        f"protocol error: EndOfStream at next_seq {end.next_seq}, "
-                        f"expected {expected}",
-                        lane=self.lane,
-                        address=self.address,
+                if end.next_seq != self._expected:
+                    raise self._protocol_error(
+                        f"EndOfStream at next_seq {end.next_seq}, expected {self._expected}"
                     )
+                chain = self._chain
                 if self._verify and chain is not None and end.chain_digest != chain:
                     raise ChainMismatch(
                         self.lane,
@@ -268,16 +268,36 @@ class LaneStream:
                     )
                 ended = True
                 await self._items.put(_Item("end", end=end))
-            elif ended:
-                pass  # nothing may follow EndOfStream; the lane already left the rotation
             else:
-                raise ZephonClientError(
-                    None,
-                    "protocol error: empty StreamBatchesResponse",
-                    lane=self.lane,
-                    address=self.address,
-                )
+                raise self._protocol_error("empty StreamBatchesResponse")
         return ended
+
+    async def _take(self, msg: pb.SampleBatch) -> None:
+        """Check, decode and verify one batch of the lane, then hand it to the consumer."""
+        if msg.lane != self.lane or msg.seq != self._expected:
+            raise self._protocol_error(
+                f"expected lane {self.lane} seq {self._expected}, "
+                f"received lane {msg.lane} seq {msg.seq}"
+            )
+        batch = decode_batch(msg)
+        if self._verify:
+            if self._chain is None:
+                content = content_digest(batch.tensors)
+                if content != batch.digest:
+                    raise ChainMismatch(
+                        batch.lane, batch.seq, "content digest", content, batch.digest
+                    )
+            else:
+                verify_batch(batch, self._chain)
+        self._chain = batch.chain_digest
+        self._expected += 1
+        self.received += 1
+        await self._items.put(_Item("batch", batch=batch))
+
+    def _protocol_error(self, what: str) -> ZephonClientError:
+        return ZephonClientError(
+            None, f"protocol error: {what}", lane=self.lane, address=self.address
+        )
 
 
 CORE_INTERNAL_DETAILS = "Internal error from Core"

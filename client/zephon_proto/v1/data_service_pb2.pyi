@@ -83,14 +83,16 @@ class StreamBatchesRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenLane, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
 
 class OpenLane(_message.Message):
-    __slots__ = ("lane", "start_seq", "consumer")
+    __slots__ = ("lane", "start_seq", "consumer", "max_batches_per_message")
     LANE_FIELD_NUMBER: _ClassVar[int]
     START_SEQ_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCHES_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     lane: int
     start_seq: int
     consumer: str
-    def __init__(self, lane: _Optional[int] = ..., start_seq: _Optional[int] = ..., consumer: _Optional[str] = ...) -> None: ...
+    max_batches_per_message: int
+    def __init__(self, lane: _Optional[int] = ..., start_seq: _Optional[int] = ..., consumer: _Optional[str] = ..., max_batches_per_message: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("next_seq",)
@@ -99,12 +101,20 @@ class Ack(_message.Message):
     def __init__(self, next_seq: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesResponse(_message.Message):
-    __slots__ = ("batch", "end")
+    __slots__ = ("batch", "end", "batches")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
     batch: SampleBatch
     end: EndOfStream
-    def __init__(self, batch: _Optional[_Union[SampleBatch, _Mapping]] = ..., end: _Optional[_Union[EndOfStream, _Mapping]] = ...) -> None: ...
+    batches: BatchGroup
+    def __init__(self, batch: _Optional[_Union[SampleBatch, _Mapping]] = ..., end: _Optional[_Union[EndOfStream, _Mapping]] = ..., batches: _Optional[_Union[BatchGroup, _Mapping]] = ...) -> None: ...
+
+class BatchGroup(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[SampleBatch]
+    def __init__(self, batches: _Optional[_Iterable[_Union[SampleBatch, _Mapping]]] = ...) -> None: ...
 
 class SampleBatch(_message.Message):
     __slots__ = ("lane", "seq", "tensors", "rows", "digest", "chain_digest", "closed")

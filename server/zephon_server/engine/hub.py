@@ -303,7 +303,7 @@ class LaneHub:
             oldest = history[0][0] + 1
         return min(oldest, st.first_seq)
 
-    def open(self, lane: int, consumer: str, start_seq: int) -> Iterator[SampleBatch | EndOfLane]:
+    def open(self, lane: int, consumer: str, start_seq: int) -> LaneReader:
         """A consumer's stream of ``lane`` from ``start_seq`` (raises OutOfRange / BadLane)."""
         with self._cond:
             st = self._lane(lane)
@@ -320,8 +320,8 @@ class LaneHub:
             st.consumers[consumer] = start_seq
             replay = start_seq < st.first_seq
         if replay:
-            return self._replay_stream(lane, consumer, start_seq, generation)
-        return self._live_stream(lane, consumer, start_seq, generation)
+            return LaneReader(self._replay_stream(lane, consumer, start_seq, generation))
+        return _LiveReader(self, lane, consumer, start_seq, generation)
 
     def ack(self, lane: int, consumer: str, next_seq: int) -> None:
         """Consumer ``consumer`` consumed every batch of ``lane`` below ``next_seq``."""
@@ -340,30 +340,6 @@ class LaneHub:
             if st is not None and st.consumers.pop(consumer, None) is not None:
                 self._lane_conds[lane].notify_all()
                 self._cond.notify_all()
-
-    def _live_stream(
-        self, lane: int, consumer: str, seq: int, generation: int
-    ) -> Iterator[SampleBatch | EndOfLane]:
-        while True:
-            with self._cond:
-                while True:
-                    self._check(generation)
-                    st = self._state[lane]
-                    if st.batches and st.first_seq <= seq < st.next_seq:
-                        item: SampleBatch | EndOfLane = st.batches[seq - st.first_seq]
-                        break
-                    if st.end is not None and seq >= st.end.next_seq:
-                        item = st.end
-                        break
-                    if seq < st.first_seq:
-                        raise OutOfRange(f"lane {lane}: seq {seq} was evicted")
-                    if consumer not in st.consumers:
-                        return  # closed (the call was cancelled) while waiting for a batch
-                    self._lane_conds[lane].wait(0.5)
-            yield item
-            if isinstance(item, EndOfLane):
-                return
-            seq += 1
 
     def _wake_all(self) -> None:
         """Wake every waiter (stop, failure, reset); the lock is held."""
@@ -472,3 +448,71 @@ class LaneHub:
             }
         run_stats = self._run.stats() if self._run is not None else {}
         return {"lanes": lanes, "run": run_stats, "time": time.time()}
+
+
+class LaneReader(Iterator["SampleBatch | EndOfLane"]):
+    """One consumer's stream of a lane (:meth:`LaneHub.open`): its batches in seq order, then
+    an :class:`EndOfLane`. Iterating blocks until the next item exists; :meth:`ready` takes
+    the batches that already do without waiting (a replayed stream has none ready: it
+    regenerates them one by one)."""
+
+    def __init__(self, items: Iterator[SampleBatch | EndOfLane]) -> None:
+        self._items = items
+
+    def __next__(self) -> SampleBatch | EndOfLane:
+        return next(self._items)
+
+    def ready(self, limit: int) -> list[SampleBatch]:
+        """Up to ``limit`` next batches that are produced already (never waits)."""
+        return []
+
+
+class _LiveReader(LaneReader):
+    """A consumer's stream of the batches the hub's run produces."""
+
+    def __init__(self, hub: LaneHub, lane: int, consumer: str, seq: int, generation: int) -> None:
+        self._hub = hub
+        self._lane = lane
+        self._consumer = consumer
+        self._seq = seq
+        self._generation = generation
+        self._done = False
+
+    def __next__(self) -> SampleBatch | EndOfLane:
+        if self._done:
+            raise StopIteration
+        hub, lane = self._hub, self._lane
+        with hub._cond:
+            while True:
+                hub._check(self._generation)
+                st = hub._state[lane]
+                seq = self._seq
+                if st.batches and st.first_seq <= seq < st.next_seq:
+                    self._seq += 1
+                    return st.batches[seq - st.first_seq]
+                if st.end is not None and seq >= st.end.next_seq:
+                    self._done = True
+                    return st.end
+                if seq < st.first_seq:
+                    raise OutOfRange(f"lane {lane}: seq {seq} was evicted")
+                if self._consumer not in st.consumers:
+                    self._done = True  # closed (the call was cancelled) while waiting
+                    raise StopIteration
+                hub._lane_conds[lane].wait(0.5)
+
+    def ready(self, limit: int) -> list[SampleBatch]:
+        hub = self._hub
+        out: list[SampleBatch] = []
+        with hub._cond:
+            if (
+                self._done
+                or hub._closed
+                or hub._error is not None
+                or self._generation != hub._generation
+            ):
+                return out  # the next __next__ reports it
+            st = hub._state[self._lane]
+            while len(out) < limit and st.batches and st.first_seq <= self._seq < st.next_seq:
+                out.append(st.batches[self._seq - st.first_seq])
+                self._seq += 1
+        return out

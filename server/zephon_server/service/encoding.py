@@ -13,7 +13,7 @@ length. ``python -m bench.delivery`` measures both.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -94,8 +94,8 @@ def closed_fields(docs: _Docs, metas: Iterable[SampleMeta], *, tombstones: bool)
     return out
 
 
-def encode_batch_response(batch: SampleBatch) -> bytes:
-    """The serialized ``StreamBatchesResponse`` carrying ``batch`` (see the module docstring)."""
+def _batch_parts(batch: SampleBatch) -> tuple[list[bytes | memoryview], int]:
+    """A ``SampleBatch`` message's fields, in number order, and their total size."""
     check_sendable(batch)
     docs = _Docs()
     parts: list[bytes | memoryview] = [
@@ -120,5 +120,26 @@ def encode_batch_response(batch: SampleBatch) -> bytes:
     parts.append(b"\x32\x20" + batch.chain_digest)
     parts.extend(closed_fields(docs, batch.rows, tombstones=False))
     parts.extend(closed_fields(docs, batch.tombstones, tombstones=True))
-    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    return parts, sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+def encode_batch_response(batch: SampleBatch) -> bytes:
+    """The serialized ``StreamBatchesResponse`` carrying ``batch`` (see the module docstring)."""
+    parts, size = _batch_parts(batch)
     return b"".join((b"\x0a", varint(size), *parts))
+
+
+def encode_group_response(batches: Sequence[SampleBatch]) -> bytes:
+    """The serialized ``StreamBatchesResponse`` carrying ``batches`` in one ``BatchGroup``
+    (field 3): each batch a ``batches`` entry (field 1) of the group."""
+    if not batches:
+        raise WireError("a BatchGroup carries at least one batch")
+    group: list[bytes | memoryview] = []
+    total = 0
+    for batch in batches:
+        parts, size = _batch_parts(batch)
+        head = b"\x0a" + varint(size)
+        group.append(head)
+        group.extend(parts)
+        total += len(head) + size
+    return b"".join((b"\x1a", varint(total), *group))

@@ -9,7 +9,7 @@ from the hub, so the hot path pays nothing for them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -29,6 +29,11 @@ class ServiceMetrics:
         self.registry = registry
         self.batches_sent = Counter(
             "zephon_batches_sent_total", "Batches sent to consumers", registry=registry
+        )
+        self.messages_sent = Counter(
+            "zephon_messages_sent_total",
+            "StreamBatches messages carrying batches (one SampleBatch or one BatchGroup)",
+            registry=registry,
         )
         self.tokens_sent = Counter(
             "zephon_tokens_sent_total", "Non-padding tokens sent to consumers", registry=registry
@@ -64,14 +69,21 @@ class ServiceMetrics:
         if hub is not None:
             registry.register(EngineCollector(hub))
 
-    def sent(self, message: bytes, batch: SampleBatch) -> bytes:
-        """Count a batch about to be sent as ``message`` (its encoded response); returns it."""
-        self.batches_sent.inc()
-        tokens = batch.num_tokens()
-        ids = batch.tensors.get("input_ids")
+    def sent(self, message: bytes, batches: Sequence[SampleBatch]) -> bytes:
+        """Count the batches about to be sent as ``message`` (their encoded response);
+        returns it."""
+        self.batches_sent.inc(len(batches))
+        self.messages_sent.inc()
+        tokens = padding = 0
+        for batch in batches:
+            n = batch.num_tokens()
+            tokens += n
+            ids = batch.tensors.get("input_ids")
+            if ids is not None:
+                padding += int(ids.size) - n
         self.tokens_sent.inc(tokens)
-        if ids is not None:
-            self.padding_sent.inc(int(ids.size) - tokens)
+        if padding:
+            self.padding_sent.inc(padding)
         self.bytes_sent.inc(len(message))
         return message
 

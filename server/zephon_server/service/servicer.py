@@ -23,7 +23,7 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 from .. import __version__
 from ..engine.checkpoint import ResumeState
 from ..engine.hub import EndOfLane, HubClosed, LaneHub
-from .encoding import encode_batch_response
+from .encoding import encode_batch_response, encode_group_response
 from .errors import abort
 from .metrics import ServiceMetrics
 from .wire import end_response
@@ -31,6 +31,9 @@ from .wire import end_response
 log = logging.getLogger(__name__)
 
 WINDOW = 16
+MAX_BATCHES_PER_MESSAGE = 16
+"""The most batches the server puts in one message, whatever the client asks (the window
+bounds it too)."""
 
 
 class Draining(HubClosed):
@@ -157,6 +160,7 @@ class DataService(pb_grpc.DataServiceServicer):
         assert first is not None
         lane, start = first.open.lane, first.open.start_seq
         name = first.open.consumer
+        per_message = min(max(first.open.max_batches_per_message, 1), MAX_BATCHES_PER_MESSAGE)
         consumer = f"{name or context.peer()}#{next(self._ids)}"
         acked = _AckState(start)
         if name:
@@ -211,9 +215,18 @@ class DataService(pb_grpc.DataServiceServicer):
                     break
                 if acked.error is not None or self.draining.is_set():
                     break
-                acked.sent = item.seq + 1  # before the client can see (and acknowledge) it
-                yield self.metrics.sent(encode_batch_response(item), item)
-                sent = item.seq + 1
+                group = [item]
+                # Batches already produced join this message, as many as the client takes
+                # and the send window allows (seq s needs acks up to s - window + 1).
+                room = min(per_message, acked.value + self.window - item.seq) - 1
+                if room > 0:
+                    group += stream.ready(room)
+                acked.sent = group[-1].seq + 1  # before the client can see (and ack) them
+                if len(group) == 1:
+                    yield self.metrics.sent(encode_batch_response(item), group)
+                else:
+                    yield self.metrics.sent(encode_group_response(group), group)
+                sent = group[-1].seq + 1
         except Exception as exc:
             failure = exc
         finally:
