@@ -462,8 +462,9 @@ class LaneReader(Iterator["SampleBatch | EndOfLane"]):
     def __next__(self) -> SampleBatch | EndOfLane:
         return next(self._items)
 
-    def ready(self, limit: int) -> list[SampleBatch]:
-        """Up to ``limit`` next batches that are produced already (never waits)."""
+    def ready(self, limit: int, max_bytes: int | None = None) -> list[SampleBatch]:
+        """Up to ``limit`` next batches that are produced already (never waits), while their
+        tensors add up to at most ``max_bytes``."""
         return []
 
 
@@ -500,9 +501,10 @@ class _LiveReader(LaneReader):
                     raise StopIteration
                 hub._lane_conds[lane].wait(0.5)
 
-    def ready(self, limit: int) -> list[SampleBatch]:
+    def ready(self, limit: int, max_bytes: int | None = None) -> list[SampleBatch]:
         hub = self._hub
         out: list[SampleBatch] = []
+        budget = float("inf") if max_bytes is None else max_bytes
         with hub._cond:
             if (
                 self._done
@@ -513,6 +515,10 @@ class _LiveReader(LaneReader):
                 return out  # the next __next__ reports it
             st = hub._state[self._lane]
             while len(out) < limit and st.batches and st.first_seq <= self._seq < st.next_seq:
-                out.append(st.batches[self._seq - st.first_seq])
+                batch = st.batches[self._seq - st.first_seq]
+                budget -= sum(arr.nbytes for arr in batch.tensors.values())
+                if budget < 0:
+                    break
+                out.append(batch)
                 self._seq += 1
         return out

@@ -34,6 +34,9 @@ WINDOW = 16
 MAX_BATCHES_PER_MESSAGE = 16
 """The most batches the server puts in one message, whatever the client asks (the window
 bounds it too)."""
+GROUP_MAX_BYTES = 16 << 20
+"""A group takes no further batch past this many bytes of tensor data (a lone batch may be
+larger), far below gRPC's message limits on both sides."""
 
 
 class Draining(HubClosed):
@@ -220,7 +223,8 @@ class DataService(pb_grpc.DataServiceServicer):
                 # and the send window allows (seq s needs acks up to s - window + 1).
                 room = min(per_message, acked.value + self.window - item.seq) - 1
                 if room > 0:
-                    group += stream.ready(room)
+                    size = sum(arr.nbytes for arr in item.tensors.values())
+                    group += stream.ready(room, GROUP_MAX_BYTES - size)
                 acked.sent = group[-1].seq + 1  # before the client can see (and ack) them
                 if len(group) == 1:
                     yield self.metrics.sent(encode_batch_response(item), group)
