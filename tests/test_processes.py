@@ -89,3 +89,40 @@ def test_declared_payload_access_gets_resolved_arrays_and_matches_inline(corpus_
     # Only this run's blocks matter (other processes on the machine may own some).
     leftovers = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} - before
     assert leftovers == set()
+
+
+def test_shared_memory_payloads_resolve_exactly_and_free_their_block():
+    """Worker side exports arrays of several dtypes and shapes into one block; the main
+    process resolves them in two goes: equal arrays, the block unlinked after its last one."""
+    import numpy as np
+
+    from zephon_server.engine.records import SampleMeta, SampleRecord
+
+    records = [
+        SampleRecord(
+            {
+                "input_ids": np.arange(i * 7, i * 7 + 3000, dtype=np.int32),
+                "mask": np.arange(2 * 9, dtype=np.int64).reshape(2, 9) % 2 == 0,
+                "text": f"doc {i}",
+            },
+            SampleMeta(0, (0, 0, i), 0),
+        )
+        for i in range(6)
+    ]
+    exported = shm.export_results(records)
+    handles = [v for rec in exported for v in rec.payload.values() if type(v) is shm.ShmHandle]
+    assert len(handles) == 12 and len({h.block for h in handles}) == 1
+    block = handles[0].block
+    shm.register_results(exported)
+    shm.resolve_payloads(exported[:4])
+    assert shm.live_blocks() == 1  # 4 handles left
+    single = shm.resolve(exported[4].payload["input_ids"])
+    exported[4].payload["input_ids"] = single
+    shm.resolve_payloads(exported[4:])
+    assert shm.live_blocks() == 0
+    assert not os.path.exists(f"/dev/shm/{block}")
+    for got, want in zip(exported, records):
+        assert got.payload["text"] == want.payload["text"]
+        for key in ("input_ids", "mask"):
+            assert got.payload[key].dtype == want.payload[key].dtype
+            assert np.array_equal(got.payload[key], want.payload[key])

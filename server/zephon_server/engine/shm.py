@@ -13,6 +13,7 @@ remaining block when the runner closes (:func:`release_all`).
 
 from __future__ import annotations
 
+import math
 import threading
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
@@ -123,20 +124,38 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 
 def resolve(handle: ShmHandle) -> np.ndarray:
     """Copy the array out of its block; unlink the block after its last handle."""
+    holder = {"array": handle}
+    _resolve_all([(holder, "array", handle)])
+    return holder["array"]  # type: ignore[return-value]
+
+
+def _resolve_all(found: list[tuple[dict[str, Any], str, ShmHandle]]) -> None:
+    """Replace each ``payload[key]`` handle by a copy of its array, under one lock, with one
+    byte view per block; unlink each block after its last handle (views dropped first: a
+    block with exported views cannot close)."""
+    finished: list[str] = []
     with _lock:
-        shm = _attach(handle.block)
-        dtype = np.dtype(handle.dtype)
-        count = int(np.prod(handle.shape)) if handle.shape else 1
-        arr = np.frombuffer(shm.buf, dtype=dtype, count=count, offset=handle.offset)  # type: ignore[arg-type]
-        arr = arr.reshape(handle.shape).copy()
-        left = _pending.get(handle.block)
-        if left is not None:
-            if left <= 1:
-                del _pending[handle.block]
-                _close(handle.block, unlink=True)
-            else:
-                _pending[handle.block] = left - 1
-        return arr
+        views: dict[str, np.ndarray] = {}
+        for payload, key, handle in found:
+            name = handle.block
+            view = views.get(name)
+            if view is None:
+                view = views[name] = np.frombuffer(_attach(name).buf, dtype=np.uint8)  # type: ignore[arg-type]
+            dtype = np.dtype(handle.dtype)
+            start = handle.offset
+            end = start + math.prod(handle.shape) * dtype.itemsize
+            payload[key] = view[start:end].view(dtype).reshape(handle.shape).copy()
+            left = _pending.get(name)
+            if left is not None:
+                if left <= 1:
+                    del _pending[name]
+                    finished.append(name)
+                else:
+                    _pending[name] = left - 1
+        views.clear()
+        view = None  # the last one too
+        for name in finished:
+            _close(name, unlink=True)
 
 
 def _close(name: str, *, unlink: bool) -> None:
@@ -158,12 +177,15 @@ def _close(name: str, *, unlink: bool) -> None:
 
 def resolve_payloads(elems: list[Any]) -> list[Any]:
     """Replace every handle in the elements' payloads by its array (in place, cheap if none)."""
-    for rec in elems:
-        payload = rec.payload if type(rec) is SampleRecord else None
-        if type(payload) is dict:
-            for k, v in payload.items():
-                if type(v) is ShmHandle:
-                    payload[k] = resolve(v)
+    found = [
+        (payload, k, v)
+        for rec in elems
+        if type(rec) is SampleRecord and type(payload := rec.payload) is dict
+        for k, v in payload.items()
+        if type(v) is ShmHandle
+    ]
+    if found:
+        _resolve_all(found)
     return elems
 
 
