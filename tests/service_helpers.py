@@ -224,6 +224,16 @@ def read_lane(
     return batches, end
 
 
+def lane_digests(srv, lanes: int) -> dict[int, list[bytes]]:
+    """Every lane's chain digests, read to its end from a running server."""
+    out = {}
+    for lane in range(lanes):
+        batches, end = read_lane(srv.stub(), lane)
+        assert end is not None
+        out[lane] = [b.chain_digest for b in batches]
+    return out
+
+
 def dump_digests(config: Path, batches: int, lanes: str | None = None) -> dict[int, list[str]]:
     """``zephon dump --format digest`` as {lane: [chain hex]}."""
     args = [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service_helpers import read_lane, serve_once, server, write_config
+from service_helpers import lane_digests, serve_once, server, write_config
 from zephon_server import allocator
 from zephon_server.allocator import Allocator, AllocatorError, resolve
 
@@ -102,15 +102,6 @@ def descendants(pid: int) -> list[int]:
         kids = [child for child, ppid in parents.items() if ppid == parent]
         out += kids
         todo += kids
-    return out
-
-
-def lane_digests(srv, lanes: int) -> dict[int, list[bytes]]:
-    out = {}
-    for lane in range(lanes):
-        batches, end = read_lane(srv.stub(), lane)
-        assert end is not None
-        out[lane] = [b.chain_digest for b in batches]
     return out
 
 

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from service_helpers import read_lane, serve_once, server, write_config
+from service_helpers import lane_digests, serve_once, server, write_config
 from zephon_server import gc_policy
 from zephon_server.engine.runners import processes
 
@@ -81,15 +81,6 @@ def test_processes_workers_apply_the_policy_their_parent_exported():
     assert worker_threshold(None) == gc_policy.THRESHOLD  # tuned unless told otherwise
     assert worker_threshold("tuned") == gc_policy.THRESHOLD
     assert worker_threshold("default") != gc_policy.THRESHOLD
-
-
-def lane_digests(srv, lanes: int) -> dict[int, list[bytes]]:
-    out = {}
-    for lane in range(lanes):
-        batches, end = read_lane(srv.stub(), lane)
-        assert end is not None
-        out[lane] = [b.chain_digest for b in batches]
-    return out
 
 
 @pytest.mark.service
