@@ -562,6 +562,13 @@ def test_batch_groups_reach_the_consumer_one_by_one():
         service.group = 3
         assert ids(list(c)) == round_robin({0: 7, 1: 5})
         assert service.per_message_asked == [BATCHES_PER_MESSAGE] * 2
+    with fake({0: 4, 1: 3}) as (service, address), client(address, batches_per_message=1) as c:
+        service.group = 3
+        assert ids(list(c)) == round_robin({0: 4, 1: 3})
+        assert service.per_message_asked == [1, 1]  # the fake then sends one per message
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="batches_per_message must be"):
+            DataClient("127.0.0.1:1", batches_per_message=bad)
 
 
 @pytest.mark.parametrize(

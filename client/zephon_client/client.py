@@ -68,7 +68,15 @@ from .channel import (
 from .errors import ZephonClientError
 from .mapping import lanes_for_rank
 from .state import STATE_VERSION, parse_state
-from .stream import BACKOFF_INITIAL, BACKOFF_MAX, LaneStream, _describe, _Item, _retryable
+from .stream import (
+    BACKOFF_INITIAL,
+    BACKOFF_MAX,
+    BATCHES_PER_MESSAGE,
+    LaneStream,
+    _describe,
+    _Item,
+    _retryable,
+)
 from .wire import CHAIN_SEED, DecodedBatch, LaneEnd, decode_end
 
 logger = logging.getLogger(__name__)
@@ -189,6 +197,10 @@ class DataClient:
     makes the channels TLS/mTLS. ``reconnect_timeout`` bounds how long ``UNAVAILABLE`` is
     retried (streams and unary calls); ``rpc_timeout`` is the deadline of unary calls;
     ``prefetch`` is how many decoded batches each lane's reader keeps ahead of the consumer.
+    ``batches_per_message`` is the most batches the server may send in one message when
+    several are ready (fewer messages cost less per batch; 1: one per message, as older
+    clients get; each batch reaches the loop alone either way, but until its ``rows`` and
+    ``closed`` are read it keeps its whole message in memory).
 
     Iterate it (``for batch in client``) to get :class:`Batch` objects; see the module
     documentation for consumption, positions, resuming and reconnecting. Construction calls
@@ -211,6 +223,7 @@ class DataClient:
         reconnect_timeout: float = 60.0,
         rpc_timeout: float | None = 300.0,
         prefetch: int = 4,
+        batches_per_message: int = BATCHES_PER_MESSAGE,
         channel_options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
     ) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
@@ -225,6 +238,14 @@ class DataClient:
         self.reconnect_timeout = float(reconnect_timeout)
         self.rpc_timeout = rpc_timeout
         self.prefetch = prefetch
+        if isinstance(batches_per_message, bool) or not isinstance(batches_per_message, int):
+            raise ValueError(f"batches_per_message must be an integer, got {batches_per_message!r}")
+        if batches_per_message < 1:
+            raise ValueError(
+                f"batches_per_message must be at least 1 (1: one batch per message), "
+                f"got {batches_per_message}"
+            )
+        self.batches_per_message = batches_per_message
         self._metadata = auth_metadata(auth_token)
         self._lock = threading.RLock()
         self._closed = threading.Event()
@@ -579,6 +600,7 @@ class DataClient:
             verify=self.verify,
             metadata=self._metadata,
             prefetch=self.prefetch,
+            batches_per_message=self.batches_per_message,
         )
 
     def _next_item(self, run: _Run, lane: int) -> _Item | None:

@@ -30,8 +30,8 @@ ACK_INTERVAL = 0.5
 """...or this many seconds after the previous one (an I/O-loop timer sends it)."""
 
 BATCHES_PER_MESSAGE = 8
-"""``OpenLane.max_batches_per_message``: the server may put up to this many ready batches in
-one message (a ``BatchGroup``); each still reaches the consumer alone."""
+"""Default ``OpenLane.max_batches_per_message``: the server may put up to this many ready
+batches in one message (a ``BatchGroup``); each still reaches the consumer alone."""
 
 # --------------------------------------------------------------------------------------------
 # One StreamBatches call
@@ -77,6 +77,7 @@ class LaneStream:
         verify: bool,
         metadata: Sequence[tuple[str, str]] = (),
         prefetch: int = 4,
+        batches_per_message: int = BATCHES_PER_MESSAGE,
     ) -> None:
         self.address = address
         self.lane = lane
@@ -90,10 +91,10 @@ class LaneStream:
                 lane=lane,
                 start_seq=start_seq,
                 consumer=consumer,
-                max_batches_per_message=BATCHES_PER_MESSAGE,
+                max_batches_per_message=batches_per_message,
             )
         )
-        self._per_message = BATCHES_PER_MESSAGE
+        self._per_message = max(batches_per_message, 1)
         self._expected = start_seq
         self._chain = previous_chain
         # Bounded: when the consumer lags, the reader stops reading and HTTP/2 flow control
