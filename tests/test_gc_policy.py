@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from service_helpers import lane_digests, serve_once, server, write_config
+from service_helpers import dump_digests, lane_digests, serve_once, server, write_config
 from zephon_server import gc_policy
 from zephon_server.engine.runners import processes
 
@@ -94,6 +94,11 @@ def test_serve_applies_the_policy_and_the_data_do_not_change(tmp_path, corpus_di
     with server([*args, "--gc", "default"], tmp_path) as plain:
         assert "garbage collector: default" in plain.output()
         assert lane_digests(plain, 2) == digests
+    # Both equal the inline runner's stream (`zephon dump`), the oracle.
+    oracle = dump_digests(cfg, 1000)
+    assert {lane: [d.hex() for d in chain] for lane, chain in digests.items()} == {
+        lane: oracle[lane] for lane in range(2)
+    }
     with server(args, tmp_path, env={gc_policy.ENV: "default"}) as by_env:
         assert "garbage collector: default" in by_env.output()
 

@@ -16,7 +16,12 @@ from zephon_server.engine.errors import ZephonError
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, Span
 from zephon_server.service import wire as sw
-from zephon_server.service.encoding import encode_batch_response, encode_group_response, varint
+from zephon_server.service.encoding import (
+    encode_batch_response,
+    encode_batches,
+    encode_group_response,
+    varint,
+)
 
 DTYPES = ["int32", "int64", "uint16", "uint32", "float32", "bool", "uint8"]
 
@@ -301,6 +306,9 @@ def test_hand_encoded_batch_groups_are_byte_identical_to_protobuf():
         assert encode_group_response(group) == message.SerializeToString()
     with pytest.raises(sw.WireError, match="at least one batch"):
         encode_group_response([])
+    # What the servicer sends: a lone batch as SampleBatch, several as a group.
+    assert encode_batches(batches[:1]) == encode_batch_response(batches[0])
+    assert encode_batches(batches[:2]) == encode_group_response(batches[:2])
 
 
 def test_end_of_stream():

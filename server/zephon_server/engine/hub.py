@@ -516,7 +516,7 @@ class _LiveReader(LaneReader):
             st = hub._state[self._lane]
             while len(out) < limit and st.batches and st.first_seq <= self._seq < st.next_seq:
                 batch = st.batches[self._seq - st.first_seq]
-                budget -= sum(arr.nbytes for arr in batch.tensors.values())
+                budget -= batch.nbytes()
                 if budget < 0:
                     break
                 out.append(batch)

@@ -198,6 +198,10 @@ class SampleBatch:
         ids = self.tensors.get("input_ids")
         return 0 if ids is None else int(ids.size)
 
+    def nbytes(self) -> int:
+        """Bytes of tensor data in the batch."""
+        return sum(arr.nbytes for arr in self.tensors.values())
+
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) for k, v in self.tensors.items()}
         return f"SampleBatch(lane={self.lane_id}, seq={self.seq}, rows={len(self.rows)}, {shapes})"

@@ -143,3 +143,11 @@ def encode_group_response(batches: Sequence[SampleBatch]) -> bytes:
         group.extend(parts)
         total += len(head) + size
     return b"".join((b"\x1a", varint(total), *group))
+
+
+def encode_batches(batches: Sequence[SampleBatch]) -> bytes:
+    """The response carrying ``batches``: a lone batch as ``SampleBatch`` (what every client
+    reads), several as one ``BatchGroup`` (sent only to clients that asked for groups)."""
+    if len(batches) == 1:
+        return encode_batch_response(batches[0])
+    return encode_group_response(batches)

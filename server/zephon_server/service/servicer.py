@@ -23,7 +23,7 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 from .. import __version__
 from ..engine.checkpoint import ResumeState
 from ..engine.hub import EndOfLane, HubClosed, LaneHub
-from .encoding import encode_batch_response, encode_group_response
+from .encoding import encode_batches
 from .errors import abort
 from .metrics import ServiceMetrics
 from .wire import end_response
@@ -223,13 +223,9 @@ class DataService(pb_grpc.DataServiceServicer):
                 # and the send window allows (seq s needs acks up to s - window + 1).
                 room = min(per_message, acked.value + self.window - item.seq) - 1
                 if room > 0:
-                    size = sum(arr.nbytes for arr in item.tensors.values())
-                    group += stream.ready(room, GROUP_MAX_BYTES - size)
+                    group += stream.ready(room, GROUP_MAX_BYTES - item.nbytes())
                 acked.sent = group[-1].seq + 1  # before the client can see (and ack) them
-                if len(group) == 1:
-                    yield self.metrics.sent(encode_batch_response(item), group)
-                else:
-                    yield self.metrics.sent(encode_group_response(group), group)
+                yield self.metrics.sent(encode_batches(group), group)
                 sent = group[-1].seq + 1
         except Exception as exc:
             failure = exc
