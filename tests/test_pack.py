@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from helpers import run_op, tokenized_stream
 from zephon_server.engine.errors import ConfigError, ContractError
 from zephon_server.engine.ops.base import OpContext
+from zephon_server.engine.ops import pack as pack_module
 from zephon_server.engine.ops.pack import PackAccumulator, PackFlat, PackSequences
 from zephon_server.engine.ops.packing import LaneBins, PackPolicy
 from zephon_server.engine.records import DocRef, FlushSentinel, SampleMeta, SampleRecord, Span
@@ -491,6 +492,14 @@ GOLDEN = {
     ("pack_flat", "wrap"): "04759d8ed81569dcf655d06c2dfb27cdf2b75f273330d8830d87f8eaf7d6ccc3",
 }
 
+# pack_flat without carried fields (no loss_mask/labels): rows are assembled by the padded
+# fast path (``_assemble_padded``); these digests were computed with the general assembly.
+GOLDEN_UNMASKED = {
+    "first_fit": "d0cfea7d1f8d94dea395ca3243d65af469abc5559cf11fb52ab8f63bd437d222",
+    "best_fit": "b7ecc765cb285abdd8fd33a9e60181f28e4070f0871ed93f44ea6a1f3a1761a0",
+    "wrap": "1dd23c30fb68a8f7e007a199c85e05d7aa137f61bfcb2249d1c84ef5ce4ed211",
+}
+
 
 def output_digest(out) -> str:
     h = hashlib.sha256()
@@ -514,3 +523,37 @@ def test_golden(op_cls, algorithm):
     )
     op = op_cls(max_length=40, algorithm=algorithm, max_open_bins=4)
     assert output_digest(run_op(op, inputs)) == GOLDEN[(op.op_name, algorithm)]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_golden_pack_flat_without_carried_fields(algorithm):
+    inputs = interleave(
+        tokenized_stream(0, 48, seed=7, max_tokens=50), tokenized_stream(1, 48, seed=7)
+    )
+    op = PackFlat(max_length=40, algorithm=algorithm, max_open_bins=4)
+    assert output_digest(run_op(op, inputs)) == GOLDEN_UNMASKED[algorithm]
+
+
+@pytest.mark.parametrize("continue_positions", [False, True])
+def test_padded_fast_path_equals_general_assembly(continue_positions):
+    rng = np.random.default_rng(3)
+    ramp = len(pack_module._RAMP)
+    for trial in range(200):
+        pieces = []
+        for _ in range(int(rng.integers(1, 6))):
+            length = int(rng.integers(1, 3 * ramp if trial % 10 == 0 else 300))
+            dtype = np.int64 if trial % 3 == 0 else np.int32
+            ids = rng.integers(0, 50_000, length).astype(dtype)
+            start = int(rng.integers(0, length))
+            n = int(rng.integers(1, min(length - start, 200) + 1))
+            pieces.append(({"input_ids": ids}, start, n))
+        pad_to = sum(n for _, _, n in pieces) + int(rng.integers(0, 20))
+        pad_id = int(rng.integers(0, 9))
+        fast = pack_module.assemble_row(
+            pieces, continue_positions=continue_positions, pad_to=pad_to, pad_id=pad_id
+        )
+        general = pack_module._assemble(pieces, continue_positions, pad_to, pad_id, "pack_flat")
+        assert list(fast) == list(general)
+        for name in general:
+            assert fast[name].dtype == general[name].dtype, name
+            np.testing.assert_array_equal(fast[name], general[name], err_msg=name)

@@ -194,6 +194,19 @@ def assemble_row(
     ``continue_positions``: positions of a piece start at its start offset instead of 0
     (``wrap``). ``pad_to``: pad every tensor to that length and add ``padding_mask``.
     """
+    if pad_to is not None and not any(name in p for p, _, _ in pieces for name in CARRIED_FIELDS):
+        return _assemble_padded(pieces, continue_positions, pad_to, pad_id)
+    return _assemble(pieces, continue_positions, pad_to, pad_id, op_name)
+
+
+def _assemble(
+    pieces: Sequence[tuple[dict[str, Any], int, int]],
+    continue_positions: bool,
+    pad_to: int | None,
+    pad_id: int,
+    op_name: str,
+) -> dict[str, np.ndarray]:
+    """:func:`assemble_row` in general: whole-row arrays, carried fields, then padding."""
     count = len(pieces)
     lengths = np.fromiter((n for _, _, n in pieces), dtype=np.int64, count=count)
     total = int(lengths.sum())
@@ -237,6 +250,42 @@ def assemble_row(
         padded[name] = out
     padded["padding_mask"] = np.arange(pad_to) < total
     return padded
+
+
+_RAMP = np.arange(1 << 16, dtype=np.int32)
+"""Positions ``0, 1, 2, ...`` sliced by :func:`_assemble_padded` (longer runs use ``arange``)."""
+
+
+def _assemble_padded(
+    pieces: Sequence[tuple[dict[str, Any], int, int]],
+    continue_positions: bool,
+    pad_to: int,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
+    """:func:`assemble_row` for a padded row without carried fields: each piece is written
+    into the preallocated row tensors (a few slice assignments per piece instead of building,
+    concatenating and then padding whole-row arrays); the tensors are the same."""
+    input_ids = np.full(pad_to, pad_id, dtype=np.int32)
+    positions = np.zeros(pad_to, dtype=np.int32)
+    segment_ids = np.zeros(pad_to, dtype=np.int32)
+    end = 0
+    for segment, (payload, start, n) in enumerate(pieces, 1):
+        begin, end = end, end + n
+        input_ids[begin:end] = payload["input_ids"][start : start + n]
+        first = start if continue_positions else 0
+        if first + n <= len(_RAMP):
+            positions[begin:end] = _RAMP[first : first + n]
+        else:
+            positions[begin:end] = np.arange(first, first + n)
+        segment_ids[begin:end] = segment
+    padding_mask = np.zeros(pad_to, dtype=np.bool_)
+    padding_mask[:end] = True
+    return {
+        "input_ids": input_ids,
+        "positions": positions,
+        "segment_ids": segment_ids,
+        "padding_mask": padding_mask,
+    }
 
 
 class _PackBase(Operator):
