@@ -96,11 +96,20 @@ def plan_record(lane_id: int, bin_: Bin) -> SampleRecord:
     closes: dict[DocRef, None] = {}
     pieces = []
     for rec, start, n in bin_.pieces:
-        spans.extend(piece_spans(rec.meta, start, n))
-        if start + n == len(rec.payload["input_ids"]):
-            closes.update(dict.fromkeys(rec.meta.closes))
-        pieces.append((rec.payload, start, n))
-    meta = SampleMeta(
+        meta = rec.meta
+        payload = rec.payload
+        own = meta.spans
+        if len(own) == 1 and start + n <= own[0].length:
+            # A tokenized record's one span (piece_spans' common case, without the loop).
+            doc, first_token, _ = own[0]
+            spans.append(Span(doc, first_token + start, n))
+        else:
+            spans.extend(piece_spans(meta, start, n))
+        if start + n == len(payload["input_ids"]):
+            for doc in meta.closes:
+                closes[doc] = None
+        pieces.append((payload, start, n))
+    row = SampleMeta(
         lane_id,
         (*first.meta.cursor, first_start),
         first.meta.dataset_id,
@@ -108,7 +117,7 @@ def plan_record(lane_id: int, bin_: Bin) -> SampleRecord:
         tuple(closes),
         tuple(spans),
     )
-    return SampleRecord({"pieces": pieces}, meta)
+    return SampleRecord({"pieces": pieces}, row)
 
 
 class PackAccumulator(Accumulator):
@@ -138,7 +147,11 @@ class PackAccumulator(Accumulator):
             if meta.tombstone:
                 ready.setdefault(lane, []).append(elem)
                 continue
-            length = record_length(elem, policy.op_name)
+            payload = elem.payload
+            if type(payload) is dict and "input_ids" in payload:
+                length = len(payload["input_ids"])
+            else:
+                length = record_length(elem, policy.op_name)  # raises the contract error
             if length == 0 or (drop and length > policy.max_length):
                 reason = TOMBSTONE_EMPTY if length == 0 else TOMBSTONE_OVERSIZED
                 ready.setdefault(lane, []).append(elem.tombstone(reason))

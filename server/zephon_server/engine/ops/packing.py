@@ -129,8 +129,11 @@ class LaneBins:
             self._wrap(item, length, emitted)
         else:
             cap = self.policy.max_length
-            for start in range(0, length, cap):
-                self._fit(item, start, min(cap, length - start), emitted)
+            if length <= cap:
+                self._fit(item, 0, length, emitted)
+            else:
+                for start in range(0, length, cap):
+                    self._fit(item, start, min(cap, length - start), emitted)
         return emitted
 
     def drain(self) -> list[Bin]:
