@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from helpers import run_op, tokenized_stream
 from zephon_server.engine.errors import ConfigError, ContractError
-from zephon_server.engine.ops.base import OpContext
 from zephon_server.engine.ops import pack as pack_module
+from zephon_server.engine.ops.base import OpContext
 from zephon_server.engine.ops.pack import PackAccumulator, PackFlat, PackSequences
 from zephon_server.engine.ops.packing import LaneBins, PackPolicy
 from zephon_server.engine.records import DocRef, FlushSentinel, SampleMeta, SampleRecord, Span
