@@ -126,3 +126,27 @@ def test_shared_memory_payloads_resolve_exactly_and_free_their_block():
         for key in ("input_ids", "mask"):
             assert got.payload[key].dtype == want.payload[key].dtype
             assert np.array_equal(got.payload[key], want.payload[key])
+
+
+def test_resolve_skips_the_scan_until_a_handle_is_made_or_unpickled(monkeypatch):
+    """A process that never saw a handle (threads/inline runners) returns elements unscanned;
+    making a handle (worker side) or unpickling one (main process) turns resolving on."""
+    import pickle
+
+    monkeypatch.setattr(shm, "_handles", False)
+
+    class Exploding(dict):
+        def items(self):
+            raise AssertionError("payload scanned")
+
+    from zephon_server.engine.records import SampleMeta, SampleRecord
+
+    elems = [SampleRecord(Exploding(text="x"), SampleMeta(0, (0, 0), 0))]
+    assert shm.resolve_payloads(elems) is elems  # no scan: no handle exists here
+    wire = pickle.dumps(shm.ShmHandle("blk", 0, "<i4", (3,)))
+    monkeypatch.setattr(shm, "_handles", False)
+    pickle.loads(wire)
+    assert shm._handles  # an unpickled handle (a worker's result) enables resolving
+    monkeypatch.setattr(shm, "_handles", False)
+    shm.ShmHandle("blk", 0, "<i4", (3,))
+    assert shm._handles

@@ -33,6 +33,7 @@ class ShmHandle:
     __slots__ = ("block", "dtype", "offset", "shape")
 
     def __init__(self, block: str, offset: int, dtype: str, shape: tuple[int, ...]) -> None:
+        _saw_handles()
         self.block = block
         self.offset = offset
         self.dtype = dtype
@@ -42,6 +43,7 @@ class ShmHandle:
         return (self.block, self.offset, self.dtype, self.shape)
 
     def __setstate__(self, state: tuple[str, int, str, tuple[int, ...]]) -> None:
+        _saw_handles()  # unpickled: a worker's result arriving in the main process
         self.block, self.offset, self.dtype, self.shape = state
 
     def _misuse(self, *_: Any, **__: Any) -> Any:
@@ -58,6 +60,14 @@ class ShmHandle:
 
 
 _lock = threading.Lock()
+_handles = False  # whether this process ever made or received a handle
+
+
+def _saw_handles() -> None:
+    global _handles
+    _handles = True
+
+
 _attached: dict[str, shared_memory.SharedMemory] = {}
 _pending: dict[str, int] = {}  # main process: block -> unresolved handle count
 
@@ -176,7 +186,12 @@ def _close(name: str, *, unlink: bool) -> None:
 
 
 def resolve_payloads(elems: list[Any]) -> list[Any]:
-    """Replace every handle in the elements' payloads by its array (in place, cheap if none)."""
+    """Replace every handle in the elements' payloads by its array (in place, cheap if none).
+
+    A process that never made or received a handle (every process but the processes runner's)
+    has none to look for: the elements are returned without a scan."""
+    if not _handles:
+        return elems
     found = [
         (payload, k, v)
         for rec in elems

@@ -61,6 +61,9 @@ class BatchAccumulator(CountingAccumulator):
 def pad_rows(name: str, rows: Sequence[np.ndarray], length: int, pad_id: int) -> np.ndarray:
     """Stack 1-D rows into ``[len(rows), length]``, padding each row on the right."""
     dtype = rows[0].dtype if rows else np.int32
+    full = (length,)
+    if rows and all(row.shape == full and row.dtype == dtype for row in rows):
+        return np.concatenate(rows).reshape(len(rows), length)  # rows already padded
     fill = pad_id if name == "input_ids" else PAD_VALUES.get(name, 0)
     out = np.full((len(rows), length), fill, dtype=dtype)
     for i, row in enumerate(rows):

@@ -207,8 +207,10 @@ def assemble_row(
     ``continue_positions``: positions of a piece start at its start offset instead of 0
     (``wrap``). ``pad_to``: pad every tensor to that length and add ``padding_mask``.
     """
-    if pad_to is not None and not any(name in p for p, _, _ in pieces for name in CARRIED_FIELDS):
-        return _assemble_padded(pieces, continue_positions, pad_to, pad_id)
+    if pad_to is not None:
+        padded = _assemble_padded(pieces, continue_positions, pad_to, pad_id)
+        if padded is not None:
+            return padded
     return _assemble(pieces, continue_positions, pad_to, pad_id, op_name)
 
 
@@ -265,6 +267,7 @@ def _assemble(
     return padded
 
 
+_CARRIED = frozenset(CARRIED_FIELDS)
 _RAMP = np.arange(1 << 16, dtype=np.int32)
 """Positions ``0, 1, 2, ...`` sliced by :func:`_assemble_padded` (longer runs use ``arange``)."""
 
@@ -274,15 +277,18 @@ def _assemble_padded(
     continue_positions: bool,
     pad_to: int,
     pad_id: int,
-) -> dict[str, np.ndarray]:
+) -> dict[str, np.ndarray] | None:
     """:func:`assemble_row` for a padded row without carried fields: each piece is written
     into the preallocated row tensors (a few slice assignments per piece instead of building,
-    concatenating and then padding whole-row arrays); the tensors are the same."""
+    concatenating and then padding whole-row arrays); the tensors are the same. ``None`` when
+    a piece carries a field (the general assembly handles those rows)."""
     input_ids = np.full(pad_to, pad_id, dtype=np.int32)
     positions = np.zeros(pad_to, dtype=np.int32)
     segment_ids = np.zeros(pad_to, dtype=np.int32)
     end = 0
     for segment, (payload, start, n) in enumerate(pieces, 1):
+        if not _CARRIED.isdisjoint(payload):
+            return None
         begin, end = end, end + n
         input_ids[begin:end] = payload["input_ids"][start : start + n]
         first = start if continue_positions else 0
