@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Workload.from_json(Path(args.workload).read_text())
     # In-process rows run as `zephon serve` runs the engine: its garbage-collector policy.
-    gc_policy.apply(os.environ.get(gc_policy.ENV) or "tuned")
+    gc_policy.apply(gc_policy.from_env())
     if args.kind == "engine":
         result = _profiled(args.profile, lambda: engine(work, args.runner, args.workers))
     elif args.kind == "tokenizer":

@@ -63,6 +63,11 @@ def apply(mode: str = "tuned") -> None:
     log.debug("gc: %d objects frozen, thresholds %s", gc.get_freeze_count(), THRESHOLD)
 
 
+def from_env() -> str:
+    """The policy :data:`ENV` names (``tuned`` when unset), not yet checked."""
+    return os.environ.get(ENV) or "tuned"
+
+
 def export(mode: str) -> None:
     """Make worker processes started from now on apply ``mode`` (through :data:`ENV`)."""
     os.environ[ENV] = check(mode)
@@ -70,4 +75,4 @@ def export(mode: str) -> None:
 
 def apply_inherited() -> None:
     """In a worker process: apply the policy its parent exported (``tuned`` when none)."""
-    apply(os.environ.get(ENV) or "tuned")
+    apply(from_env())

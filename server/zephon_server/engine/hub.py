@@ -348,12 +348,17 @@ class LaneHub:
             cond.notify_all()
 
     def _check(self, generation: int) -> None:
+        problem = self._problem(generation)
+        if problem is not None:
+            raise problem
+
+    def _problem(self, generation: int) -> BaseException | None:
+        """Why a stream of ``generation`` cannot go on (the lock is held), or None."""
         if self._closed:
-            raise HubClosed("server is shutting down")
+            return HubClosed("server is shutting down")
         if generation != self._generation:
-            raise HubClosed("the engine was reset by Resume; reopen the lane")
-        if self._error is not None:
-            raise self._error
+            return HubClosed("the engine was reset by Resume; reopen the lane")
+        return self._error
 
     def _replay_stream(
         self, lane: int, consumer: str, seq: int, generation: int
@@ -506,12 +511,7 @@ class _LiveReader(LaneReader):
         out: list[SampleBatch] = []
         budget = float("inf") if max_bytes is None else max_bytes
         with hub._cond:
-            if (
-                self._done
-                or hub._closed
-                or hub._error is not None
-                or self._generation != hub._generation
-            ):
+            if self._done or hub._problem(self._generation) is not None:
                 return out  # the next __next__ reports it
             st = hub._state[self._lane]
             while len(out) < limit and st.batches and st.first_seq <= self._seq < st.next_seq:

@@ -116,7 +116,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--gc",
-        default=os.environ.get(gc_policy.ENV) or "tuned",
+        default=gc_policy.from_env(),
         metavar="{" + ",".join(gc_policy.CHOICES) + "}",
         help="garbage-collector policy: 'tuned' (default; or set ZEPHON_GC) freezes start-up "
         "objects and collects every 10,000 allocations instead of 700 (the engine's records "

@@ -60,7 +60,7 @@ class ProcessesRunner(PooledRunner):
         self._notes: dict[int, str] = {}  # step -> death note, computed once
 
     def start_pool(self) -> None:
-        gc_policy.check(os.environ.get(gc_policy.ENV) or "tuned")  # here, not in each worker
+        gc_policy.check(gc_policy.from_env())  # here, not in each worker
         ctx = multiprocessing.get_context("spawn")
         op_index = {id(op): i for i, op in enumerate(self.plan.ops)}
         for d in self.drivers:
