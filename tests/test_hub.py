@@ -68,3 +68,78 @@ def test_a_stopped_hub_or_a_plain_reader_has_nothing_ready(hub):
     hub.stop()
     assert reader.ready(4) == []
     assert LaneReader(iter([])).ready(4) == []
+
+
+@pytest.fixture
+def gated_hub(corpus_specs):
+    """A hub that may run only 2 batches ahead of its slowest consumer (threads x2)."""
+    pipe = Pipeline(corpus_specs, lanes=2, chunk_size=5, flush_every_k_chunks=1)
+    pipe.decode_text().tokenize().batch(microbatch_size=3)
+    hub = LaneHub(pipe, ExecutionConfig(runner="threads", workers=2), max_ahead=2)
+    hub.start()
+    yield hub
+    hub.stop()
+
+
+def stalled(hub, lane: int) -> int:
+    """Wait until the gated producer stops (no new batch on ``lane`` for 0.5 s); produced."""
+    deadline = time.monotonic() + 60
+    seen, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = hub.produced().get(lane, 0)
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif now > 0 and time.monotonic() - since > 0.5:
+            return now
+        time.sleep(0.02)
+    raise AssertionError("the producer never stalled")
+
+
+def test_linger_waits_for_the_batches_asked_then_returns_them(gated_hub):
+    """``ready(n, linger=...)`` returns as soon as n batches exist: here the last two appear
+    only after an ack lets the gated producer on, well before the linger runs out."""
+    import threading
+
+    reader = gated_hub.open(0, "c", 0)
+    produced = stalled(gated_hub, 0)
+    first = next(reader)
+    threading.Timer(0.2, gated_hub.ack, (0, "c", produced)).start()
+    started = time.monotonic()
+    got = reader.ready(produced + 1, linger=30.0)
+    waited = time.monotonic() - started
+    assert seqs([first, *got]) == list(range(produced + 2))
+    assert 0.15 < waited < 20, waited  # it waited for the ack, not for the whole linger
+
+
+def test_linger_gives_up_at_its_deadline_with_what_is_ready(gated_hub):
+    reader = gated_hub.open(1, "c", 0)
+    produced = stalled(gated_hub, 1)
+    next(reader)
+    started = time.monotonic()
+    got = reader.ready(produced + 3, linger=0.3)
+    waited = time.monotonic() - started
+    assert seqs(got) == list(range(1, produced))
+    assert 0.25 < waited < 5, waited
+    assert reader.ready(5, linger=0.0) == []  # without linger it never waits
+
+
+def test_linger_stops_at_the_lane_end(hub):
+    total = len([b for b in hub.open(1, "all", 0) if not isinstance(b, EndOfLane)])
+    reader = hub.open(1, "grouped", 0)
+    started = time.monotonic()
+    got = reader.ready(total + 10, linger=30.0)
+    assert seqs(got) == list(range(total))
+    assert time.monotonic() - started < 5
+    assert isinstance(next(reader), EndOfLane)
+
+
+def test_linger_stops_when_the_consumer_closes(gated_hub):
+    import threading
+
+    reader = gated_hub.open(0, "c", 0)
+    produced = stalled(gated_hub, 0)
+    next(reader)
+    threading.Timer(0.2, gated_hub.close_consumer, (0, "c")).start()
+    started = time.monotonic()
+    reader.ready(produced + 3, linger=30.0)
+    assert 0.15 < time.monotonic() - started < 10

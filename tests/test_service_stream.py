@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from service_helpers import dump_digests, read_lane, server, write_config
+from service_helpers import dump_digests, read_lane, serve_once, server, write_config
 from zephon_client.wire import CHAIN_SEED, decode_batch, verify
 from zephon_proto.v1 import data_service_pb2 as pb
 
@@ -100,6 +100,28 @@ def test_batch_groups_respect_the_send_window(config):
         time.sleep(1.0)  # nothing more may come without an ack
         assert sum(sizes) == WINDOW, sizes
         assert max(sizes) <= 8 and len(sizes) >= WINDOW // 8
+
+
+def test_streams_linger_to_fill_their_groups(config, expected):
+    """With --linger-ms a stream waits after its first message until as many batches as the
+    client takes exist: every message between the first and the last is full (the default
+    pipeline here makes batches faster than 4 per second), and the batches are the dump's."""
+    cfg, work = config
+    with server(["--config", str(cfg), "--linger-ms", "1000"], work) as srv:
+        for lane in (0, 3):
+            sizes: list[int] = []
+            batches, end = read_lane(srv.stub(), lane, per_message=4, sizes=sizes)
+            assert chains(batches) == expected[lane]
+            assert end is not None and end.next_seq == len(expected[lane])
+            assert len(sizes) > 3 and set(sizes[1:-1]) == {4}, sizes
+
+
+@pytest.mark.parametrize("value", ["-1", "5000", "soon"])
+def test_a_bad_linger_fails_at_start_up(config, value):
+    cfg, work = config
+    res = serve_once(["--config", str(cfg), "--linger-ms", value], work)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "--linger-ms" in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
 
 
 def test_reconnect_mid_lane_continues_exactly(config, expected):

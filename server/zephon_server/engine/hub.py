@@ -467,9 +467,13 @@ class LaneReader(Iterator["SampleBatch | EndOfLane"]):
     def __next__(self) -> SampleBatch | EndOfLane:
         return next(self._items)
 
-    def ready(self, limit: int, max_bytes: int | None = None) -> list[SampleBatch]:
-        """Up to ``limit`` next batches that are produced already (never waits), while their
-        tensors add up to at most ``max_bytes``."""
+    def ready(
+        self, limit: int, max_bytes: int | None = None, linger: float = 0.0
+    ) -> list[SampleBatch]:
+        """Up to ``limit`` next batches that are produced already, while their tensors add up
+        to at most ``max_bytes``. With ``linger`` > 0 it first waits up to that many seconds
+        for ``limit`` batches to exist (less when the lane ends, the stream closes or the
+        run fails); otherwise it never waits."""
         return []
 
 
@@ -506,14 +510,18 @@ class _LiveReader(LaneReader):
                     raise StopIteration
                 hub._lane_conds[lane].wait(0.5)
 
-    def ready(self, limit: int, max_bytes: int | None = None) -> list[SampleBatch]:
+    def ready(
+        self, limit: int, max_bytes: int | None = None, linger: float = 0.0
+    ) -> list[SampleBatch]:
         hub = self._hub
         out: list[SampleBatch] = []
         budget = float("inf") if max_bytes is None else max_bytes
         with hub._cond:
+            st = hub._state[self._lane]
+            if linger > 0:
+                self._linger(st, limit, time.monotonic() + linger)
             if self._done or hub._problem(self._generation) is not None:
                 return out  # the next __next__ reports it
-            st = hub._state[self._lane]
             while len(out) < limit and st.batches and st.first_seq <= self._seq < st.next_seq:
                 batch = st.batches[self._seq - st.first_seq]
                 budget -= batch.nbytes()
@@ -522,3 +530,19 @@ class _LiveReader(LaneReader):
                 out.append(batch)
                 self._seq += 1
         return out
+
+    def _linger(self, st: _Lane, count: int, deadline: float) -> None:
+        """Wait (holding the hub's lock) until ``count`` batches past this reader's position
+        are produced, or until ``deadline``, the lane's end, the consumer's close or a run
+        problem, whichever comes first."""
+        hub = self._hub
+        while (
+            st.next_seq - self._seq < count
+            and st.end is None
+            and self._consumer in st.consumers
+            and hub._problem(self._generation) is None
+        ):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            hub._lane_conds[self._lane].wait(left)

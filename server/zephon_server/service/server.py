@@ -35,7 +35,7 @@ from ..engine.hub import LaneHub
 from ..engine.replay_cache import ReplayCache
 from .auth import TokenAuthInterceptor
 from .metrics import ServiceMetrics
-from .servicer import DataService, add_to_server
+from .servicer import LINGER, DataService, add_to_server
 
 log = logging.getLogger("zephon.serve")
 
@@ -87,6 +87,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=32,
         help="batches a lane may run ahead of its slowest consumer",
+    )
+    p.add_argument(
+        "--linger-ms",
+        type=float,
+        default=LINGER * 1000,
+        help="after a stream's first message, how long it waits for more batches to send "
+        "together in one message, for clients that take groups (default "
+        f"{LINGER * 1000:g}; 0: send what is ready at once)",
     )
     p.add_argument(
         "--log-interval", type=float, default=10.0, help="seconds between progress lines (0: off)"
@@ -151,6 +159,17 @@ def store_from_args(args: argparse.Namespace) -> CheckpointStore | None:
     return CheckpointStore(args.state_dir, keep=keep)
 
 
+def linger_from_args(args: argparse.Namespace) -> float:
+    """``--linger-ms`` in seconds, checked (0 to 1000 ms)."""
+    ms = getattr(args, "linger_ms", LINGER * 1000)
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms <= 1000:
+        raise ZephonError(
+            f"--linger-ms must be between 0 and 1000 (milliseconds; 0 sends what is ready at "
+            f"once), got {ms!r}"
+        )
+    return float(ms) / 1000
+
+
 def _resume_state(arg: str | None, store: CheckpointStore | None) -> tuple[ResumeState | None, str]:
     if not arg:
         return None, ""
@@ -202,7 +221,12 @@ class Server:
         )
         self.registry = CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry, self.hub)
-        self.service = DataService(self.hub, metrics=self.metrics, max_streams=args.max_streams)
+        self.service = DataService(
+            self.hub,
+            metrics=self.metrics,
+            max_streams=args.max_streams,
+            linger=linger_from_args(args),
+        )
         self.health = health.HealthServicer()
         token = args.auth_token or os.environ.get("ZEPHON_AUTH_TOKEN") or None
         interceptors = [TokenAuthInterceptor(token)] if token else []

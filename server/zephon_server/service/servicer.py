@@ -37,6 +37,11 @@ bounds it too)."""
 GROUP_MAX_BYTES = 16 << 20
 """A group takes no further batch past this many bytes of tensor data (a lone batch may be
 larger), far below gRPC's message limits on both sides."""
+LINGER = 0.015
+"""Seconds a stream waits, after its first message, for more batches to group with a ready
+one (``--linger-ms``). The engine makes a lane's batches in bursts (a chunk's worth within a
+few milliseconds); sending the first of a burst alone and the rest after it cost one more
+gRPC message on both sides for nothing."""
 
 
 class Draining(HubClosed):
@@ -47,12 +52,19 @@ class DataService(pb_grpc.DataServiceServicer):
     """Serves a :class:`LaneHub` over gRPC."""
 
     def __init__(
-        self, hub: LaneHub, *, metrics: ServiceMetrics, max_streams: int = 256, window: int = WINDOW
+        self,
+        hub: LaneHub,
+        *,
+        metrics: ServiceMetrics,
+        max_streams: int = 256,
+        window: int = WINDOW,
+        linger: float = LINGER,
     ) -> None:
         self.hub = hub
         self.metrics = metrics
         self.max_streams = max_streams
         self.window = window
+        self.linger = linger
         self.draining = threading.Event()
         self._lock = threading.Lock()
         self._streams = 0
@@ -220,10 +232,12 @@ class DataService(pb_grpc.DataServiceServicer):
                     break
                 group = [item]
                 # Batches already produced join this message, as many as the client takes
-                # and the send window allows (seq s needs acks up to s - window + 1).
+                # and the send window allows (seq s needs acks up to s - window + 1); after
+                # the first message the stream lingers a little for the rest of a burst.
                 room = min(per_message, acked.value + self.window - item.seq) - 1
                 if room > 0:
-                    group += stream.ready(room, GROUP_MAX_BYTES - item.nbytes())
+                    linger = self.linger if sent > start else 0.0
+                    group += stream.ready(room, GROUP_MAX_BYTES - item.nbytes(), linger)
                 acked.sent = group[-1].seq + 1  # before the client can see (and ack) them
                 yield self.metrics.sent(encode_batches(group), group)
                 sent = group[-1].seq + 1
