@@ -620,8 +620,13 @@ def allocator_line(results: dict[str, Any]) -> str:
             "**Allocator:** glibc malloc in every row (no mimalloc or jemalloc installed; "
             "`zephon serve` would preload one, see docs/operations.md)."
         )
+    settings = results.get("allocator_env") or {}
+    given = ""
+    if settings:
+        pairs = " ".join(f"`{k}={v}`" for k, v in settings.items())
+        given = f" and the settings `zephon serve` gives it ({pairs}; the trainer clients too)"
     return (
-        f"**Allocator:** every row runs with `{library}` preloaded, as `zephon serve "
+        f"**Allocator:** every row runs with `{library}` preloaded{given}, as `zephon serve "
         "--allocator auto` (the default) runs when it is installed, the tokenizer-only "
         "ceiling included; the rows marked glibc malloc run without it."
     )

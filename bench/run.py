@@ -37,6 +37,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from zephon_server import allocator
+
 from . import report
 from .cases import (
     ALLOCATOR,
@@ -485,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     if ALLOCATOR and ALLOCATOR not in os.environ.get("LD_PRELOAD", ""):
         # Every child runs with the allocator `zephon serve` picks (the glibc cases remove it).
         os.environ["LD_PRELOAD"] = ":".join(filter(None, [ALLOCATOR, os.environ.get("LD_PRELOAD")]))
+    # ...and with the settings serve gives it (the trainer clients too).
+    allocator_env = allocator.TUNING.get(allocator.name_of(ALLOCATOR), {}) if ALLOCATOR else {}
+    os.environ.update(allocator.tuned_environ(allocator.name_of(ALLOCATOR), os.environ))
     mach = machine()
     work_dir = RESULTS / "run"
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -553,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": round(time.time() - started),
         "machine": mach,
         "allocator": ALLOCATOR,
+        "allocator_env": {k: os.environ[k] for k in allocator_env},
         "workload": workload,
         "repeat": args.repeat,
         "fixed_tokens": fixed_tokens,

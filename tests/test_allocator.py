@@ -87,6 +87,11 @@ def has_mimalloc(pid: int) -> bool:
     return any(name.startswith("libmimalloc") for name in mapped(pid))
 
 
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().partition("=")[::2] for item in raw if b"=" in item)
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (from /proc)."""
     parents = {}
@@ -111,14 +116,22 @@ def test_serve_preloads_mimalloc_and_the_data_do_not_change(tmp_path, corpus_dir
     assert MIMALLOC, "tools/install-system-deps.sh must install Debian's libmimalloc2.0"
     cfg = write_config(tmp_path / "p.yaml", corpus_dir, lanes=2)
     args = ["--config", str(cfg), "--runner", "processes", "--workers", "2"]
-    with server(args, tmp_path) as fast:
+    with server(args, tmp_path, env={"MIMALLOC_RESET_DELAY": "5"}) as fast:
         assert has_mimalloc(fast.proc.pid), fast.output()  # the same pid, re-executed
         workers = descendants(fast.proc.pid)
         assert workers and all(has_mimalloc(pid) for pid in workers)
+        # ... with mimalloc's settings (pages kept), here and in the workers; a setting the
+        # user gave wins.
+        for pid in (fast.proc.pid, *workers):
+            env = environ(pid)
+            assert env["MIMALLOC_ALLOW_DECOMMIT"] == "0", pid
+            assert env["MIMALLOC_PURGE_DELAY"] == "-1"
+            assert env["MIMALLOC_RESET_DELAY"] == "5"
         assert "memory allocator: mimalloc" in fast.output()
         preloaded = lane_digests(fast, 2)
     with server([*args, "--allocator", "system"], tmp_path) as plain:
         assert not has_mimalloc(plain.proc.pid)
+        assert "MIMALLOC_ALLOW_DECOMMIT" not in environ(plain.proc.pid)
         assert "memory allocator: glibc malloc" in plain.output()
         assert lane_digests(plain, 2) == preloaded
     # ZEPHON_ALLOCATOR sets the default; an explicit path works like a name, also for a
