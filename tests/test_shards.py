@@ -137,6 +137,34 @@ def test_multi_frame_zstd_and_multi_member_gzip(tmp_path: Path) -> None:
         assert cache.read_rows(shard(path, fmt), [8, 0], "t") == [b'{"i": 8}', b'{"i": 0}']
 
 
+@pytest.mark.parametrize("fmt", ["jsonl.zst", "jsonl.gz"])
+def test_a_compressed_shard_is_never_held_twice_while_decompressed(tmp_path: Path, fmt) -> None:
+    """Decompression fills one buffer sized from the header (zstd content size, gzip ISIZE):
+    the peak of Python allocations stays near one copy of the content, not two."""
+    import tracemalloc
+
+    rows = [f'{{"text": "row {i} {"lorem ipsum " * (i % 40)}"}}' for i in range(60_000)]
+    content = ("\n".join(rows) + "\n").encode()
+    path = tmp_path / f"big.{fmt}"
+    if fmt == "jsonl.zst":
+        path.write_bytes(zstandard.ZstdCompressor().compress(content))
+    else:
+        path.write_bytes(gzip.compress(content))
+    assert len(content) > 10_000_000
+    tracemalloc.start()
+    try:
+        data = shards_mod._decompress(str(path), fmt)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert data == content
+    assert peak < 1.3 * len(content), (peak, len(content))
+    cache = ShardCache()
+    got = cache.read_rows(shard(path, fmt), [59_999, 0], "text")
+    assert got == [rows[59_999].encode(), rows[0].encode()]
+    assert all(type(row) is bytes for row in got)
+
+
 def test_lru_respects_byte_budget(tmp_path: Path) -> None:
     paths = []
     for i in range(4):

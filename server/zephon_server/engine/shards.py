@@ -50,6 +50,7 @@ EXTENSIONS: dict[str, str] = {
 DEFAULT_MAX_BYTES = 1 << 30
 
 _BLOCK = 1 << 24  # bytes scanned per step while indexing
+_PROBE = 1 << 20  # read past a decompressed shard's expected size to find out whether it ends
 _COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
 _MAX_RUN = 1 << 23  # never read more than this in one pread unless a single row is larger
 _LOCK_STRIPES = 64
@@ -106,21 +107,51 @@ def _finish_starts(pieces: list[np.ndarray], size: int, last: int) -> np.ndarray
     return np.concatenate(pieces)
 
 
-def _decompress(path: str, fmt: str) -> bytes:
-    """The whole decompressed content of a gzip or zstd shard (all frames/members)."""
-    if fmt == JSONL_GZ:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-        return gzip.decompress(raw)
-    parts = []
+def _decompress(path: str, fmt: str) -> bytearray:
+    """The whole decompressed content of a gzip or zstd shard (all frames/members).
+
+    It is read into one buffer sized from the header (the zstd frame's content size, the
+    gzip trailer's ISIZE), so a shard is never held twice while it is decompressed (joining
+    read blocks needed twice its size at once); the buffer grows only when the header tells
+    less (more frames or members, no size recorded)."""
     with open(path, "rb") as fh:
-        reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
-        while True:
-            part = reader.read(_BLOCK)
-            if not part:
+        if fmt == JSONL_GZ:
+            fh.seek(0, os.SEEK_END)
+            end = fh.tell()
+            fh.seek(max(end - 4, 0))
+            size = int.from_bytes(fh.read(4), "little") if end >= 18 else 0
+            fh.seek(0)
+            with gzip.GzipFile(fileobj=fh) as stream:
+                return _read_all(stream, size)
+        try:
+            size = zstandard.frame_content_size(fh.read(18))
+        except zstandard.ZstdError:
+            size = -1
+        fh.seek(0)
+        with zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True) as reader:
+            return _read_all(reader, size)
+
+
+def _read_all(stream: Any, size: int) -> bytearray:
+    """Everything ``stream`` (``readinto``/``read``) yields, in a buffer of ``size`` bytes
+    grown as needed."""
+    buf = bytearray(size if size > 0 else _BLOCK)
+    pos = 0
+    while True:
+        if pos == len(buf):
+            more = stream.read(_PROBE)  # past the expected size: is there more?
+            if not more:
                 break
-            parts.append(part)
-    return b"".join(parts)
+            buf += more
+            pos = len(buf)
+            continue
+        with memoryview(buf) as view:  # in steps: GzipFile.readinto reads into a temporary
+            got = stream.readinto(view[pos : pos + _PROBE])
+        if not got:
+            break
+        pos += got
+    del buf[pos:]
+    return buf
 
 
 def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
@@ -198,7 +229,8 @@ class ShardCache:
             _check_rows(shard.path, idx, len(starts) - 1)
             lo = starts[idx]
             hi = starts[idx + 1] - 1
-            return [data[a:b] for a, b in zip(lo.tolist(), hi.tolist())]
+            with memoryview(data) as view:
+                return [view[a:b].tobytes() for a, b in zip(lo.tolist(), hi.tolist())]
         if shard.format == PARQUET:
             return self._read_parquet(shard.path, idx, text_field)
         raise DataError(
@@ -356,10 +388,10 @@ class ShardCache:
             self._lru_put(key, value, nbytes)
             return value
 
-    def _compressed(self, path: str, fmt: str) -> tuple[bytes, np.ndarray]:
+    def _compressed(self, path: str, fmt: str) -> tuple[bytearray, np.ndarray]:
         key = (path, fmt)
 
-        def load() -> tuple[tuple[bytes, np.ndarray], int]:
+        def load() -> tuple[tuple[bytearray, np.ndarray], int]:
             try:
                 data = _decompress(path, fmt)
             except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
