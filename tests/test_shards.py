@@ -135,6 +135,14 @@ def test_multi_frame_zstd_and_multi_member_gzip(tmp_path: Path) -> None:
     for path, fmt in ((zst, "jsonl.zst"), (gz, "jsonl.gz")):
         assert cache.num_rows(str(path), fmt) == 9
         assert cache.read_rows(shard(path, fmt), [8, 0], "t") == [b'{"i": 8}', b'{"i": 0}']
+    # Many frames after a small first one (as streaming writers make them): all of it, too.
+    big = b"".join(f'{{"i": {i}, "pad": "{"x" * (i % 97)}"}}\n'.encode() for i in range(20_000))
+    frames = tmp_path / "frames.jsonl.zst"
+    frames.write_bytes(b"".join(cctx.compress(big[i : i + 5000]) for i in range(0, len(big), 5000)))
+    assert bytes(shards_mod._decompress(str(frames), "jsonl.zst")) == big
+    members = tmp_path / "members.jsonl.gz"
+    members.write_bytes(gzip.compress(big[:100]) + gzip.compress(big[100:]))
+    assert bytes(shards_mod._decompress(str(members), "jsonl.gz")) == big
 
 
 @pytest.mark.parametrize("fmt", ["jsonl.zst", "jsonl.gz"])

@@ -107,51 +107,51 @@ def _finish_starts(pieces: list[np.ndarray], size: int, last: int) -> np.ndarray
     return np.concatenate(pieces)
 
 
-def _decompress(path: str, fmt: str) -> bytearray:
+def _decompress(path: str, fmt: str) -> bytes | bytearray:
     """The whole decompressed content of a gzip or zstd shard (all frames/members).
 
-    It is read into one buffer sized from the header (the zstd frame's content size, the
-    gzip trailer's ISIZE), so a shard is never held twice while it is decompressed (joining
-    read blocks needed twice its size at once); the buffer grows only when the header tells
-    less (more frames or members, no size recorded)."""
+    A single-frame zstd or single-member gzip shard (what ``zstd`` and ``gzip`` write) is
+    read into one buffer sized from its header (the frame's content size, the trailer's
+    ISIZE), so it is never held twice while decompressed. When the content turns out longer
+    (more frames or members) the rest is read in blocks and joined, as before."""
     with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        compressed = fh.tell()
         if fmt == JSONL_GZ:
-            fh.seek(0, os.SEEK_END)
-            end = fh.tell()
-            fh.seek(max(end - 4, 0))
-            size = int.from_bytes(fh.read(4), "little") if end >= 18 else 0
+            fh.seek(max(compressed - 4, 0))
+            size = int.from_bytes(fh.read(4), "little") if compressed >= 18 else 0
             fh.seek(0)
             with gzip.GzipFile(fileobj=fh) as stream:
-                return _read_all(stream, size)
+                return _read_all(stream, size, compressed)
+        fh.seek(0)
         try:
             size = zstandard.frame_content_size(fh.read(18))
         except zstandard.ZstdError:
             size = -1
         fh.seek(0)
         with zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True) as reader:
-            return _read_all(reader, size)
+            return _read_all(reader, size, compressed)
 
 
-def _read_all(stream: Any, size: int) -> bytearray:
-    """Everything ``stream`` (``readinto``/``read``) yields, in a buffer of ``size`` bytes
-    grown as needed."""
-    buf = bytearray(size if size > 0 else _BLOCK)
+def _read_all(stream: Any, size: int, compressed: int) -> bytes | bytearray:
+    """Everything ``stream`` yields: into a buffer of ``size`` bytes (a header's word, trusted
+    up to 1024x the ``compressed`` size), then, if more follows, in blocks joined at the end."""
+    buf = bytearray(min(size, 1024 * compressed) if size > 0 else 0)
     pos = 0
-    while True:
-        if pos == len(buf):
-            more = stream.read(_PROBE)  # past the expected size: is there more?
-            if not more:
-                break
-            buf += more
-            pos = len(buf)
-            continue
+    while pos < len(buf):
         with memoryview(buf) as view:  # in steps: GzipFile.readinto reads into a temporary
             got = stream.readinto(view[pos : pos + _PROBE])
         if not got:
-            break
+            del buf[pos:]  # shorter than its header said (the decompressor checks integrity)
+            return buf
         pos += got
-    del buf[pos:]
-    return buf
+    more = stream.read(_PROBE)
+    if not more:
+        return buf
+    parts: list[bytes | bytearray] = [buf, more]
+    while part := stream.read(_BLOCK):
+        parts.append(part)
+    return b"".join(parts)
 
 
 def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
@@ -388,10 +388,10 @@ class ShardCache:
             self._lru_put(key, value, nbytes)
             return value
 
-    def _compressed(self, path: str, fmt: str) -> tuple[bytearray, np.ndarray]:
+    def _compressed(self, path: str, fmt: str) -> tuple[bytes | bytearray, np.ndarray]:
         key = (path, fmt)
 
-        def load() -> tuple[tuple[bytearray, np.ndarray], int]:
+        def load() -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
             try:
                 data = _decompress(path, fmt)
             except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
