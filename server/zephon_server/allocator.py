@@ -66,8 +66,9 @@ TUNING = {
 set wins). mimalloc by default hands freed pages back to the kernel after ~100 ms and then
 takes page faults to use them again: the service's message buffers (~200 KB per batch, freed
 at once) and the engine's batch tensors paid that on every batch. Keeping the pages cut the
-server's CPU per token ~3% and the client's ~20% in paired benchmark runs
-(``docs/decisions.md``); the process then keeps its peak heap instead of returning it."""
+server's CPU per token ~3% and the client's ~20% in four paired service runs (ad hoc, with
+``bench.service``; ``docs/decisions.md``); the process then keeps its peak heap instead of
+returning it."""
 LIBRARY_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib/aarch64-linux-gnu",
