@@ -102,19 +102,33 @@ def engine_case(runner: str, workers: int, *, glibc: bool = False) -> Case:
     )
 
 
-def service_case(ranks: int, *, state_dir: bool = False, glibc: bool = False) -> Case:
+def service_case(
+    ranks: int, *, state_dir: bool = False, glibc: bool = False, ring: bool = True
+) -> Case:
+    """The service with ``ranks`` client processes on this host; ``ring``: tensor bytes through
+    the shared-memory rings (the default), else in the gRPC messages (``--shm-ring-mib 0``)."""
     noun = "rank" if ranks == 1 else "ranks"
     suffix = ", --state-dir (replay cache on)" if state_dir else ""
     suffix += ", glibc malloc" if glibc else ""
+    suffix += "" if ring else ", tensor bytes in the messages (--shm-ring-mib 0)"
     return Case(
-        f"service_{ranks}" + ("_state" if state_dir else "") + ("_glibc" if glibc else ""),
+        f"service_{ranks}"
+        + ("_state" if state_dir else "")
+        + ("_glibc" if glibc else "")
+        + ("" if ring else "_noring"),
         f"service over loopback gRPC, {ranks} client {noun}{suffix}",
         f"service, {ranks} {noun}"
         + (", state" if state_dir else "")
-        + (", glibc" if glibc else ""),
+        + (", glibc" if glibc else "")
+        + ("" if ring else ", no ring"),
         "service",
         lambda work, d: service_throughput(
-            work, ranks, d, state_dir=state_dir, env=GLIBC if glibc else None
+            work,
+            ranks,
+            d,
+            state_dir=state_dir,
+            env=GLIBC if glibc else None,
+            server_args=() if ring else ("--shm-ring-mib", "0"),
         ),
     )
 
@@ -144,6 +158,7 @@ THROUGHPUT_CASES: list[Case] = [
     service_case(1),
     service_case(2),
     service_case(1, state_dir=True),
+    service_case(1, ring=False),
     *(GLIBC_CASES if ALLOCATOR else []),
 ]
 """The throughput measurements, in table order (a hook: append e.g. ``engine_case(...)``).
@@ -161,6 +176,7 @@ ROUND_ORDER = [
     "service_1",
     "tokenizer_2",
     "service_2",
+    "service_1_noring",
     "service_1_state",
     "engine_processes_1",
     "engine_processes_2",
@@ -209,11 +225,21 @@ RATIOS: list[Ratio] = [
     ),
     Ratio(
         "grpc_delivery",
-        "gRPC delivery: service (1 rank) / in-process threads x2, same pipeline (steady state)",
+        "gRPC delivery: service (1 rank; tensor bytes through the same-host shared-memory ring) "
+        "/ in-process threads x2, same pipeline (steady state)",
         "service_1",
         "engine_threads_2",
         0.95,
         "≤ 5% below",
+        style="below",
+        field="steady_rate",
+    ),
+    Ratio(
+        "grpc_delivery_noring",
+        "delivery with the tensor bytes in the gRPC messages: service (1 rank, --shm-ring-mib 0) "
+        "/ in-process threads x2 (steady state)",
+        "service_1_noring",
+        "engine_threads_2",
         style="below",
         field="steady_rate",
     ),

@@ -481,6 +481,15 @@ def why(results: dict[str, Any]) -> list[str]:
                 "between the paired runs (see the rounds). With the trainers on their own "
                 "hosts, the client's share leaves these cores."
             )
+        no_ring = ratios.get("grpc_delivery_noring", {}).get("value")
+        if no_ring:
+            out[-1] += (
+                " The service rows pass the tensor bytes through the shared-memory ring (the "
+                "client is on the server's host), so the per-message figures above, measured "
+                "with the bytes in the messages, overstate their transport; with "
+                f"`--shm-ring-mib 0` delivery measured {(1 - no_ring) * 100:.1f}% below "
+                "in-process."
+            )
         on_glibc = ratios.get("grpc_delivery_glibc", {}).get("value")
         if results.get("allocator") and on_glibc:
             out[-1] += (

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +163,16 @@ def server(
         proc.stop()
 
 
-def serve_args(work: Any, run_dir: Path, *, limited: bool, state_dir: Path | None = None):
-    """Command line of a benchmark server (the wrapper when ``limited``)."""
+def serve_args(
+    work: Any,
+    run_dir: Path,
+    *,
+    limited: bool,
+    state_dir: Path | None = None,
+    extra: Sequence[str] = (),
+):
+    """Command line of a benchmark server (the wrapper when ``limited``); ``extra``: more
+    ``zephon serve`` flags."""
     base = [
         "--config",
         work.config,
@@ -179,6 +187,7 @@ def serve_args(work: Any, run_dir: Path, *, limited: bool, state_dir: Path | Non
     ]
     if state_dir is not None:
         base += ["--state-dir", str(state_dir)]
+    base += list(extra)
     if not limited:
         return ["-m", "zephon_server.cli", "serve", *base]
     return [
@@ -201,12 +210,13 @@ def service_throughput(
     *,
     state_dir: bool = False,
     env: dict[str, str | None] | None = None,
+    server_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The fixed work over loopback gRPC to ``ranks`` client processes (see the docstring).
 
     ``state_dir``: serve with ``--state-dir`` (a fresh one), which turns on the replay cache,
     as ``make run`` and the container do. ``env``: environment changes for the server and
-    the clients (see :func:`spawn`)."""
+    the clients (see :func:`spawn`). ``server_args``: more ``zephon serve`` flags."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in ("port", "t0"):
         (run_dir / name).unlink(missing_ok=True)
@@ -222,7 +232,9 @@ def service_throughput(
         state = run_dir / "state"
         if state.exists():
             shutil.rmtree(state)
-        args = serve_args(work, run_dir, limited=True, state_dir=state if state_dir else None)
+        args = serve_args(
+            work, run_dir, limited=True, state_dir=state if state_dir else None, extra=server_args
+        )
         with server(args, run_dir, env) as srv:
             deadline = time.monotonic() + START_TIMEOUT + 3600
             while any(c.poll() is None for c in clients):

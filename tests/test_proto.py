@@ -118,7 +118,7 @@ def test_dtype_enum_values():
 
 # Binding field names and numbers: fields may be added, never renamed or renumbered.
 BINDING_FIELDS = {
-    "Tensor": {"name": 1, "dtype": 2, "shape": 3, "data": 4},
+    "Tensor": {"name": 1, "dtype": 2, "shape": 3, "data": 4, "ring_offset": 5},
     "LanePosition": {"lane": 1, "next_seq": 2},
     "GetInfoRequest": {},
     "GetInfoResponse": {
@@ -133,10 +133,18 @@ BINDING_FIELDS = {
         "tokenizer": 9,
         "flush_every_k_chunks": 10,
     },
-    "StreamBatchesRequest": {"open": 1, "ack": 2},
-    "OpenLane": {"lane": 1, "start_seq": 2, "consumer": 3, "max_batches_per_message": 4},
+    "StreamBatchesRequest": {"open": 1, "ack": 2, "ring": 3},
+    "OpenLane": {
+        "lane": 1,
+        "start_seq": 2,
+        "consumer": 3,
+        "max_batches_per_message": 4,
+        "shared_memory": 5,
+    },
     "Ack": {"next_seq": 1},
-    "StreamBatchesResponse": {"batch": 1, "end": 2, "batches": 3},
+    "StreamBatchesResponse": {"batch": 1, "end": 2, "batches": 3, "ring": 4},
+    "RingOffer": {"path": 1, "size": 2, "nonce": 3},
+    "RingReply": {"accepted": 1, "reason": 2},
     "BatchGroup": {"batches": 1},
     "SampleBatch": {
         "lane": 1,
@@ -175,7 +183,7 @@ def test_oneofs():
         desc = pb.DESCRIPTOR.message_types_by_name[message]
         return {f.name for f in desc.oneofs_by_name[name].fields}
 
-    assert oneof("StreamBatchesRequest", "kind") == {"open", "ack"}
-    assert oneof("StreamBatchesResponse", "kind") == {"batch", "end", "batches"}
+    assert oneof("StreamBatchesRequest", "kind") == {"open", "ack", "ring"}
+    assert oneof("StreamBatchesResponse", "kind") == {"batch", "end", "batches", "ring"}
     assert oneof("ResumeRequest", "source") == {"checkpoint_id", "state"}
     assert pb.DESCRIPTOR.package == "zephon.v1"

@@ -1,4 +1,4 @@
-"""Channels to Zephon servers: keepalive options, TLS / mutual TLS, bearer tokens."""
+"""Channels to Zephon servers: keepalive options, TLS / mutual TLS, bearer tokens, endpoints."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
+
+from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from . import io_loop
 
@@ -125,3 +128,39 @@ def _pem(value: bytes | str | Path | None) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
     return Path(value).read_bytes()
+
+
+class Endpoint:
+    """One server of a :class:`~zephon_client.DataClient`: its address, channels, stubs and
+    GetInfo answer.
+
+    Unary calls use a synchronous channel; ``StreamBatches`` calls run on the client's I/O
+    loop over a ``grpc.aio`` channel made on first use (:meth:`stream_stub`).
+    """
+
+    def __init__(
+        self, address: str, *, tls: TLSConfig | None, options: Sequence[tuple[str, Any]]
+    ) -> None:
+        self.address = address
+        self._tls = tls
+        self._options = tuple(options)
+        self.channel = make_channel(address, tls=tls, options=options)
+        self.stub = pb_grpc.DataServiceStub(self.channel)
+        self._aio_channel: Any = None
+        self._stream_stub: pb_grpc.DataServiceStub | None = None
+        self.info = pb.GetInfoResponse()
+
+    def stream_stub(self) -> pb_grpc.DataServiceStub:
+        """The ``grpc.aio`` stub for streams (its channel is made on the first call)."""
+        if self._stream_stub is None:
+            self._aio_channel = make_aio_channel(self.address, tls=self._tls, options=self._options)
+            self._stream_stub = pb_grpc.DataServiceStub(self._aio_channel)
+        return self._stream_stub
+
+    def close(self) -> None:
+        self.channel.close()
+        if self._aio_channel is not None:
+            close_aio_channel(self._aio_channel)
+
+    def serves(self, lane: int) -> bool:
+        return not self.info.served_lanes or lane in self.info.served_lanes

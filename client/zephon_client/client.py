@@ -55,16 +55,8 @@ from typing import Any
 import grpc
 
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
-from .channel import (
-    DEFAULT_CHANNEL_OPTIONS,
-    TLSConfig,
-    auth_metadata,
-    close_aio_channel,
-    make_aio_channel,
-    make_channel,
-)
+from .channel import DEFAULT_CHANNEL_OPTIONS, Endpoint, TLSConfig, auth_metadata
 from .errors import ZephonClientError
 from .mapping import lanes_for_rank
 from .state import STATE_VERSION, parse_state
@@ -102,41 +94,6 @@ class CheckpointInfo:
 # --------------------------------------------------------------------------------------------
 # DataClient
 # --------------------------------------------------------------------------------------------
-
-
-class _Endpoint:
-    """One server: its address, channels, stubs and GetInfo answer.
-
-    Unary calls use a synchronous channel; ``StreamBatches`` calls run on the client's I/O
-    loop over a ``grpc.aio`` channel made on first use (:meth:`stream_stub`).
-    """
-
-    def __init__(
-        self, address: str, *, tls: TLSConfig | None, options: Sequence[tuple[str, Any]]
-    ) -> None:
-        self.address = address
-        self._tls = tls
-        self._options = tuple(options)
-        self.channel = make_channel(address, tls=tls, options=options)
-        self.stub = pb_grpc.DataServiceStub(self.channel)
-        self._aio_channel: Any = None
-        self._stream_stub: pb_grpc.DataServiceStub | None = None
-        self.info = pb.GetInfoResponse()
-
-    def stream_stub(self) -> pb_grpc.DataServiceStub:
-        """The ``grpc.aio`` stub for streams (its channel is made on the first call)."""
-        if self._stream_stub is None:
-            self._aio_channel = make_aio_channel(self.address, tls=self._tls, options=self._options)
-            self._stream_stub = pb_grpc.DataServiceStub(self._aio_channel)
-        return self._stream_stub
-
-    def close(self) -> None:
-        self.channel.close()
-        if self._aio_channel is not None:
-            close_aio_channel(self._aio_channel)
-
-    def serves(self, lane: int) -> bool:
-        return not self.info.served_lanes or lane in self.info.served_lanes
 
 
 @dataclass(eq=False)
@@ -200,7 +157,10 @@ class DataClient:
     ``batches_per_message`` is the most batches the server may send in one message when
     several are ready (fewer messages cost less per batch; 1: one per message, as older
     clients get; each batch reaches the loop alone either way, but until its ``rows`` and
-    ``closed`` are read it keeps its whole message in memory).
+    ``closed`` are read it keeps its whole message in memory). ``shared_memory`` lets a
+    server on the same host pass tensor bytes through a shared-memory ring instead of the
+    messages (it costs far less CPU; a remote server's offer is declined and the bytes come
+    in the messages; the batches are the same either way).
 
     Iterate it (``for batch in client``) to get :class:`Batch` objects; see the module
     documentation for consumption, positions, resuming and reconnecting. Construction calls
@@ -224,6 +184,7 @@ class DataClient:
         rpc_timeout: float | None = 300.0,
         prefetch: int = 4,
         batches_per_message: int = BATCHES_PER_MESSAGE,
+        shared_memory: bool = True,
         channel_options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
     ) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
@@ -246,6 +207,7 @@ class DataClient:
                 f"got {batches_per_message}"
             )
         self.batches_per_message = batches_per_message
+        self.shared_memory = bool(shared_memory)
         self._metadata = auth_metadata(auth_token)
         self._lock = threading.RLock()
         self._closed = threading.Event()
@@ -253,7 +215,7 @@ class DataClient:
         self._run: _Run | None = None
         self._pending: _Pending | None = None
         self._ends: dict[int, LaneEnd] = {}
-        self._endpoints = [_Endpoint(a, tls=tls, options=channel_options) for a in addresses]
+        self._endpoints = [Endpoint(a, tls=tls, options=channel_options) for a in addresses]
         try:
             for endpoint in self._endpoints:
                 endpoint.info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
@@ -601,6 +563,7 @@ class DataClient:
             metadata=self._metadata,
             prefetch=self.prefetch,
             batches_per_message=self.batches_per_message,
+            shared_memory=self.shared_memory,
         )
 
     def _next_item(self, run: _Run, lane: int) -> _Item | None:
@@ -687,7 +650,7 @@ class DataClient:
 
     # -- servers ---------------------------------------------------------------------------------
 
-    def _unary(self, endpoint: _Endpoint, method: str, request: Any) -> Any:
+    def _unary(self, endpoint: Endpoint, method: str, request: Any) -> Any:
         """Call a unary RPC, retrying ``UNAVAILABLE`` with backoff for ``reconnect_timeout``."""
         deadline = time.monotonic() + self.reconnect_timeout
         delay = BACKOFF_INITIAL
@@ -733,7 +696,7 @@ class DataClient:
                     + ", ".join(f"{e.address} has {e.info.num_lanes}" for e in self._endpoints),
                 )
 
-    def _route(self, lane: int) -> _Endpoint:
+    def _route(self, lane: int) -> Endpoint:
         for endpoint in self._endpoints:
             if endpoint.serves(lane):
                 return endpoint
@@ -744,7 +707,7 @@ class DataClient:
             None, f"lane {lane} of rank {self.rank} is served by none of the servers ({served})"
         )
 
-    def _endpoint(self, address: str | None) -> _Endpoint:
+    def _endpoint(self, address: str | None) -> Endpoint:
         if address is None:
             return self._endpoints[0]
         for endpoint in self._endpoints:
@@ -752,7 +715,7 @@ class DataClient:
                 return endpoint
         raise ValueError(f"unknown server address {address!r}; this client uses {self.addresses}")
 
-    def _checkpoint_endpoint(self, positions: Mapping[int, int], address: str | None) -> _Endpoint:
+    def _checkpoint_endpoint(self, positions: Mapping[int, int], address: str | None) -> Endpoint:
         if address is not None or len(self._endpoints) == 1:
             return self._endpoint(address)
         chosen = {

@@ -16,6 +16,7 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from . import io_loop
 from .errors import ZephonClientError
+from .ring import open_ring, reply
 from .wire import ChainMismatch, DecodedBatch, content_digest, decode_batch
 from .wire import verify as verify_batch
 
@@ -59,7 +60,9 @@ class LaneStream:
     responses, checks their seqs, decodes them and (when ``verify``) checks their digests
     against ``previous_chain`` (``None``: unknown, so only the content digest is checked and
     the first batch's chain becomes the base), and hands :class:`_Item` objects to the
-    consumer through a mailbox of ``prefetch`` slots. ``stub`` is a ``grpc.aio`` stub made on
+    consumer through a mailbox of ``prefetch`` slots. With ``shared_memory`` it accepts the
+    server's shared-memory ring when it can map it (:mod:`~zephon_client.ring`;
+    ``ring_batches`` counts the batches read from it). ``stub`` is a ``grpc.aio`` stub made on
     that loop. :meth:`ack` acknowledges (coalesced, see there); :meth:`leave` ends the call
     politely (pending Ack sent first); :meth:`close` cancels it and waits for the coroutine to
     finish.
@@ -78,11 +81,13 @@ class LaneStream:
         metadata: Sequence[tuple[str, str]] = (),
         prefetch: int = 4,
         batches_per_message: int = BATCHES_PER_MESSAGE,
+        shared_memory: bool = True,
     ) -> None:
         self.address = address
         self.lane = lane
         self.start_seq = start_seq
         self.received = 0
+        self.ring_batches = 0
         self._verify = verify
         self._previous_chain = previous_chain
         self._metadata = tuple(metadata)
@@ -92,8 +97,10 @@ class LaneStream:
                 start_seq=start_seq,
                 consumer=consumer,
                 max_batches_per_message=batches_per_message,
+                shared_memory=shared_memory,
             )
         )
+        self._ring: Any = None  # the server's shared-memory ring, once mapped
         self._per_message = max(batches_per_message, 1)
         self._expected = start_seq
         self._chain = previous_chain
@@ -227,6 +234,9 @@ class LaneStream:
             if self._ack_timer is not None:
                 self._ack_timer.cancel()
                 self._ack_timer = None
+            if self._ring is not None:  # every batch read from it was copied out
+                self._ring.close()
+                self._ring = None
             self._done.set()
             self._requests.put_nowait(None)
 
@@ -252,6 +262,15 @@ class LaneStream:
                     )
                 for msg in group:
                     await self._take(msg)
+            elif kind == "ring":
+                if self._ring is not None:
+                    raise self._protocol_error("a second RingOffer")
+                self._ring, reason = open_ring(response.ring)
+                if reason:
+                    logger.info(
+                        "lane %d: not using the server's shared memory: %s", self.lane, reason
+                    )
+                self._requests.put_nowait(reply(self._ring, reason))
             elif kind == "end":
                 end = response.end
                 if end.next_seq != self._expected:
@@ -280,7 +299,9 @@ class LaneStream:
                 f"expected lane {self.lane} seq {self._expected}, "
                 f"received lane {msg.lane} seq {msg.seq}"
             )
-        batch = decode_batch(msg)
+        batch = decode_batch(msg, self._ring)
+        if self._ring is not None and msg.tensors and msg.tensors[0].HasField("ring_offset"):
+            self.ring_batches += 1
         if self._verify:
             if self._chain is None:
                 content = content_digest(batch.tensors)

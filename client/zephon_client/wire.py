@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -157,8 +158,9 @@ class DecodedBatch:
         return f"DecodedBatch(lane={self.lane}, seq={self.seq}, tensors=[{shapes}])"
 
 
-def decode_tensor(tensor: pb.Tensor) -> np.ndarray:
-    """The tensor as a read-only numpy array sharing the message's bytes."""
+def decode_tensor(tensor: pb.Tensor, ring: mmap.mmap | None = None) -> np.ndarray:
+    """The tensor as a read-only numpy array sharing the message's bytes, or over a copy of its
+    bytes in the stream's shared-memory ``ring`` when it carries a ``ring_offset``."""
     dtype = DTYPES.get(tensor.dtype)
     if dtype is None:
         raise WireError(
@@ -168,8 +170,11 @@ def decode_tensor(tensor: pb.Tensor) -> np.ndarray:
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise WireError(f"tensor {tensor.name!r}: negative dimension in shape {list(shape)}")
-    data = tensor.data  # each access of a bytes field makes a new bytes object: read once
     expected = math.prod(shape) * dtype.itemsize
+    if tensor.HasField("ring_offset"):
+        data = _from_ring(tensor, ring, expected)
+    else:
+        data = tensor.data  # each access of a bytes field makes a new bytes object: read once
     if len(data) != expected:
         raise WireError(
             f"tensor {tensor.name!r}: {len(data)} bytes of data, but shape "
@@ -178,15 +183,35 @@ def decode_tensor(tensor: pb.Tensor) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def decode_batch(msg: pb.SampleBatch) -> DecodedBatch:
-    """Decode a ``SampleBatch`` message: tensors by name now; row sources and closed
+def _from_ring(tensor: pb.Tensor, ring: mmap.mmap | None, nbytes: int) -> bytes:
+    """A copy of the tensor's bytes in the shared-memory ring (valid only until the batch is
+    acknowledged, so never a view)."""
+    if ring is None:
+        raise WireError(
+            f"tensor {tensor.name!r} is in a shared-memory ring, but this stream has none "
+            "(the server sent ring_offset without an accepted RingOffer)"
+        )
+    if tensor.data:
+        raise WireError(f"tensor {tensor.name!r} carries both data and ring_offset")
+    start = tensor.ring_offset
+    if start + nbytes > len(ring):
+        raise WireError(
+            f"tensor {tensor.name!r}: ring bytes [{start}, {start + nbytes}) beyond the "
+            f"ring's {len(ring)}"
+        )
+    return ring[start : start + nbytes]
+
+
+def decode_batch(msg: pb.SampleBatch, ring: mmap.mmap | None = None) -> DecodedBatch:
+    """Decode a ``SampleBatch`` message: tensors by name now (their bytes copied out of the
+    stream's shared-memory ``ring`` where they are there); row sources and closed
     documents when first read (:class:`DecodedBatch` keeps ``msg`` until then: do not
     modify it)."""
     tensors: dict[str, np.ndarray] = {}
     for tensor in msg.tensors:
         if tensor.name in tensors:
             raise WireError(f"lane {msg.lane} seq {msg.seq}: tensor {tensor.name!r} appears twice")
-        tensors[tensor.name] = decode_tensor(tensor)
+        tensors[tensor.name] = decode_tensor(tensor, ring)
     return DecodedBatch(
         lane=msg.lane,
         seq=msg.seq,

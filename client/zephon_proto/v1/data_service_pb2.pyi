@@ -27,16 +27,18 @@ DTYPE_BOOL: DType
 DTYPE_UINT8: DType
 
 class Tensor(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "data")
+    __slots__ = ("name", "dtype", "shape", "data", "ring_offset")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    RING_OFFSET_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    ring_offset: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., ring_offset: _Optional[int] = ...) -> None: ...
 
 class LanePosition(_message.Message):
     __slots__ = ("lane", "next_seq")
@@ -75,24 +77,28 @@ class GetInfoResponse(_message.Message):
     def __init__(self, num_lanes: _Optional[int] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[str] = ..., acknowledged: _Optional[_Iterable[_Union[LanePosition, _Mapping]]] = ..., checkpoint_ids: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., served_lanes: _Optional[_Iterable[int]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., tokenizer: _Optional[str] = ..., flush_every_k_chunks: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("open", "ack")
+    __slots__ = ("open", "ack", "ring")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
     open: OpenLane
     ack: Ack
-    def __init__(self, open: _Optional[_Union[OpenLane, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    ring: RingReply
+    def __init__(self, open: _Optional[_Union[OpenLane, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., ring: _Optional[_Union[RingReply, _Mapping]] = ...) -> None: ...
 
 class OpenLane(_message.Message):
-    __slots__ = ("lane", "start_seq", "consumer", "max_batches_per_message")
+    __slots__ = ("lane", "start_seq", "consumer", "max_batches_per_message", "shared_memory")
     LANE_FIELD_NUMBER: _ClassVar[int]
     START_SEQ_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCHES_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     lane: int
     start_seq: int
     consumer: str
     max_batches_per_message: int
-    def __init__(self, lane: _Optional[int] = ..., start_seq: _Optional[int] = ..., consumer: _Optional[str] = ..., max_batches_per_message: _Optional[int] = ...) -> None: ...
+    shared_memory: bool
+    def __init__(self, lane: _Optional[int] = ..., start_seq: _Optional[int] = ..., consumer: _Optional[str] = ..., max_batches_per_message: _Optional[int] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("next_seq",)
@@ -101,14 +107,34 @@ class Ack(_message.Message):
     def __init__(self, next_seq: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesResponse(_message.Message):
-    __slots__ = ("batch", "end", "batches")
+    __slots__ = ("batch", "end", "batches", "ring")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
     batch: SampleBatch
     end: EndOfStream
     batches: BatchGroup
-    def __init__(self, batch: _Optional[_Union[SampleBatch, _Mapping]] = ..., end: _Optional[_Union[EndOfStream, _Mapping]] = ..., batches: _Optional[_Union[BatchGroup, _Mapping]] = ...) -> None: ...
+    ring: RingOffer
+    def __init__(self, batch: _Optional[_Union[SampleBatch, _Mapping]] = ..., end: _Optional[_Union[EndOfStream, _Mapping]] = ..., batches: _Optional[_Union[BatchGroup, _Mapping]] = ..., ring: _Optional[_Union[RingOffer, _Mapping]] = ...) -> None: ...
+
+class RingOffer(_message.Message):
+    __slots__ = ("path", "size", "nonce")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    nonce: bytes
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+
+class RingReply(_message.Message):
+    __slots__ = ("accepted", "reason")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BatchGroup(_message.Message):
     __slots__ = ("batches",)

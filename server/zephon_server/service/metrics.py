@@ -46,6 +46,12 @@ class ServiceMetrics:
         self.bytes_sent = Counter(
             "zephon_sent_bytes_total", "Serialized batch bytes sent", registry=registry
         )
+        self.ring_bytes = Counter(
+            "zephon_ring_bytes_total",
+            "Tensor bytes sent through shared-memory rings to clients on the same host "
+            "(not counted in zephon_sent_bytes_total)",
+            registry=registry,
+        )
         self.active_streams = Gauge(
             "zephon_active_streams", "Open StreamBatches calls", registry=registry
         )
@@ -69,9 +75,11 @@ class ServiceMetrics:
         if hub is not None:
             registry.register(EngineCollector(hub))
 
-    def sent(self, message: bytes, batches: Sequence[SampleBatch]) -> bytes:
-        """Count the batches about to be sent as ``message`` (their encoded response);
-        returns it."""
+    def sent(
+        self, message: bytes, batches: Sequence[SampleBatch], *, in_ring: bool = False
+    ) -> bytes:
+        """Count the batches about to be sent as ``message`` (their encoded response, with
+        the tensor bytes in the stream's shared-memory ring when ``in_ring``); returns it."""
         self.batches_sent.inc(len(batches))
         self.messages_sent.inc()
         tokens = padding = 0
@@ -85,6 +93,8 @@ class ServiceMetrics:
         if padding:
             self.padding_sent.inc(padding)
         self.bytes_sent.inc(len(message))
+        if in_ring:
+            self.ring_bytes.inc(sum(batch.nbytes() for batch in batches))
         return message
 
     def stream_opened(self) -> None:

@@ -35,6 +35,7 @@ from ..engine.hub import LaneHub
 from ..engine.replay_cache import ReplayCache
 from .auth import TokenAuthInterceptor
 from .metrics import ServiceMetrics
+from .ring import DEFAULT_MAX_MIB, sweep_stale
 from .servicer import LINGER, DataService, add_to_server
 
 log = logging.getLogger("zephon.serve")
@@ -95,6 +96,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="after a stream's first message, how long it waits for more batches to send "
         "together in one message, for clients that take groups (default "
         f"{LINGER * 1000:g}; 0: send what is ready at once)",
+    )
+    p.add_argument(
+        "--shm-ring-mib",
+        type=int,
+        default=DEFAULT_MAX_MIB,
+        help="largest shared-memory ring (under /dev/shm) a stream gets for a client on this "
+        "host, which then reads tensor bytes from it instead of the message; each is sized "
+        "for the send window's batches (default %(default)s; 0: never offer one)",
     )
     p.add_argument(
         "--log-interval", type=float, default=10.0, help="seconds between progress lines (0: off)"
@@ -170,6 +179,17 @@ def linger_from_args(args: argparse.Namespace) -> float:
     return float(ms) / 1000
 
 
+def ring_mib_from_args(args: argparse.Namespace) -> int:
+    """``--shm-ring-mib``, checked (0 to 4096)."""
+    mib = getattr(args, "shm_ring_mib", DEFAULT_MAX_MIB)
+    if isinstance(mib, bool) or not isinstance(mib, int) or not 0 <= mib <= 4096:
+        raise ZephonError(
+            f"--shm-ring-mib must be a whole number of MiB between 0 and 4096 (0: no "
+            f"shared-memory rings), got {mib!r}"
+        )
+    return mib
+
+
 def _resume_state(arg: str | None, store: CheckpointStore | None) -> tuple[ResumeState | None, str]:
     if not arg:
         return None, ""
@@ -226,6 +246,7 @@ class Server:
             metrics=self.metrics,
             max_streams=args.max_streams,
             linger=linger_from_args(args),
+            ring_mib=ring_mib_from_args(args),
         )
         self.health = health.HealthServicer()
         token = args.auth_token or os.environ.get("ZEPHON_AUTH_TOKEN") or None
@@ -301,6 +322,8 @@ class Server:
         if self.args.metrics_port is not None:
             start_http_server(self.args.metrics_port, addr=self.args.host, registry=self.registry)
             log.info("metrics on http://%s:%d/metrics", self.args.host, self.args.metrics_port)
+        if self.service.ring_mib:
+            sweep_stale()
         self.grpc.start()
         with self._drain_lock:
             self._serving = True

@@ -3,7 +3,8 @@
 A thin adapter over :class:`~zephon_server.engine.hub.LaneHub`. ``StreamBatches`` reads the
 first client message (``OpenLane``), then serves the lane in seq order while a helper thread
 reads acknowledgements; at most ``window`` batches are sent beyond the last acknowledgement,
-so a slow consumer is held back without holding back other lanes.
+so a slow consumer is held back without holding back other lanes. A client on the same host
+gets the tensor bytes through a shared-memory ring (:mod:`.ring`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..engine.hub import EndOfLane, HubClosed, LaneHub
 from .encoding import encode_batches
 from .errors import abort
 from .metrics import ServiceMetrics
+from .ring import DEFAULT_MAX_MIB, Ring, ring_size
 from .wire import end_response
 
 log = logging.getLogger(__name__)
@@ -59,12 +61,14 @@ class DataService(pb_grpc.DataServiceServicer):
         max_streams: int = 256,
         window: int = WINDOW,
         linger: float = LINGER,
+        ring_mib: int = DEFAULT_MAX_MIB,
     ) -> None:
         self.hub = hub
         self.metrics = metrics
         self.max_streams = max_streams
         self.window = window
         self.linger = linger
+        self.ring_mib = ring_mib  # the largest shared-memory ring a stream gets; 0: none
         self.draining = threading.Event()
         self._lock = threading.Lock()
         self._streams = 0
@@ -217,6 +221,7 @@ class DataService(pb_grpc.DataServiceServicer):
         self.metrics.stream_opened()
         sent = start
         failure: BaseException | None = None
+        offer_ring = first.open.shared_memory and self.ring_mib > 0
         try:
             for item in stream:
                 if isinstance(item, EndOfLane):
@@ -230,6 +235,13 @@ class DataService(pb_grpc.DataServiceServicer):
                     break
                 if acked.error is not None or self.draining.is_set():
                     break
+                if offer_ring:  # sized for the send window's batches, once their size is known
+                    offer_ring = False
+                    in_flight = self.window + 2 * per_message
+                    size = ring_size(item.nbytes(), in_flight, self.ring_mib)
+                    acked.ring = Ring.create(lane, size)
+                    if acked.ring is not None:
+                        yield acked.ring.offer()
                 group = [item]
                 # Batches already produced join this message, as many as the client takes
                 # and the send window allows (seq s needs acks up to s - window + 1); after
@@ -239,12 +251,16 @@ class DataService(pb_grpc.DataServiceServicer):
                     linger = self.linger if sent > start else 0.0
                     group += stream.ready(room, GROUP_MAX_BYTES - item.nbytes(), linger)
                 acked.sent = group[-1].seq + 1  # before the client can see (and ack) them
-                yield self.metrics.sent(encode_batches(group), group)
+                offsets = None if acked.ring is None else acked.ring.place(group, acked.value)
+                message = encode_batches(group, offsets)
+                yield self.metrics.sent(message, group, in_ring=offsets is not None)
                 sent = group[-1].seq + 1
         except Exception as exc:
             failure = exc
         finally:
             acked.close()
+            if acked.ring is not None:
+                acked.ring.close()
             self.hub.close_consumer(lane, consumer)
             self._forget(lane, name, consumer)
             self.metrics.stream_closed()
@@ -272,8 +288,22 @@ class DataService(pb_grpc.DataServiceServicer):
     ) -> None:
         try:
             for msg in requests:
-                if msg.WhichOneof("kind") != "ack":
-                    acked.fail("after OpenLane only Ack messages are allowed on a stream")
+                kind = msg.WhichOneof("kind")
+                if kind == "ring":
+                    ring = acked.ring
+                    if ring is None or ring.answered:
+                        acked.fail(
+                            "RingReply without a RingOffer to answer: send one only after "
+                            "the server offered a ring, and only once"
+                        )
+                    else:
+                        ring.answer(msg.ring)
+                        continue
+                elif kind != "ack":
+                    acked.fail(
+                        "after OpenLane only Ack messages are allowed on a stream (and one "
+                        "RingReply answering a RingOffer)"
+                    )
                 elif msg.ack.next_seq > acked.sent:
                     # Acknowledging unsent batches would let the lane run unboundedly ahead.
                     sent = (
@@ -308,6 +338,7 @@ class _AckState:
         self.error: str | None = None
         self.code = grpc.StatusCode.INVALID_ARGUMENT
         self.closed = False
+        self.ring: Ring | None = None  # the shared-memory ring offered to the client, if any
         self._cond = threading.Condition()
 
     def update(self, next_seq: int) -> None:
