@@ -704,7 +704,10 @@ def markdown(results: dict[str, Any], png_name: str = "benchmarks.png") -> str:
             "`python -m bench.delivery` (replayed messages, so no tokenizer runs beside it), "
             "against the CPU the in-process engine (threads x2) spends making a batch. The "
             "gRPC rows are a bare `grpc.aio` client and a replay server that only move the "
-            "bytes, with an Ack per 4 batches as the client sends at these rates.",
+            "bytes, with an Ack per 4 batches as the client sends at these rates. The tensor "
+            "bytes travel in the messages here, as for a client on another host; a client on "
+            "the server's host reads them from a shared-memory ring instead (the service rows "
+            "above), which leaves the gRPC rows with messages of a few KB.",
             "",
             delivery,
             "",

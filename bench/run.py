@@ -410,7 +410,10 @@ def method(work: Workload, repeat: int) -> list[str]:
         "from the hub's run construction to the last batch at any client. Two ranks = two "
         "client processes with four lanes each. The service rows run without `--state-dir` except "
         "the one marked `--state-dir`, which also writes the replay cache (as `make run` and the "
-        "container do).",
+        "container do). The clients run on the server's host, so by default (`DataClient("
+        "shared_memory=True)`, `--shm-ring-mib 64`) they read the tensor bytes through "
+        "shared-memory rings and the messages carry the rest; the row marked `--shm-ring-mib 0` "
+        "sends the bytes in the gRPC messages, as for clients on other hosts.",
         f"Every configuration is measured {repeat} times, in {repeat} rounds that each run "
         "every configuration once, every other round in reverse order. Within a round the two "
         "sides of each target ratio run back to back (`bench.cases.ROUND_ORDER`), so each "
