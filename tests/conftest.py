@@ -24,6 +24,23 @@ def corpus_specs(corpus_dir):
     return sample_corpus_specs(corpus_dir)
 
 
+@pytest.fixture(scope="session")
+def stream_config(tmp_path_factory, corpus_dir):
+    """The service tests' pipeline over the corpus (4 lanes, pack + shuffle) and a work dir."""
+    from service_helpers import write_config
+
+    work = tmp_path_factory.mktemp("stream")
+    return write_config(work / "pipeline.yaml", corpus_dir), work
+
+
+@pytest.fixture(scope="session")
+def stream_expected(stream_config):
+    """Every lane's chain digests of ``stream_config`` from ``zephon dump`` (inline runner)."""
+    from service_helpers import dump_digests
+
+    return dump_digests(stream_config[0], 1000)
+
+
 def make_pipeline(specs, *, lanes=4, chunk_size=32, k=2, seed=1234, ops=None) -> Pipeline:
     """A pipeline over the corpus; ``ops`` is a list of (name, params) appended before batch."""
     pipe = Pipeline(specs, seed=seed, lanes=lanes, chunk_size=chunk_size, flush_every_k_chunks=k)

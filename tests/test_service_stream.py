@@ -9,22 +9,21 @@ import time
 import grpc
 import pytest
 
-from service_helpers import dump_digests, read_lane, serve_once, server, write_config
+from service_helpers import read_lane, serve_once, server
 from zephon_client.wire import CHAIN_SEED, decode_batch, verify
 from zephon_proto.v1 import data_service_pb2 as pb
 
 pytestmark = pytest.mark.service
 
 
-@pytest.fixture(scope="module")
-def config(tmp_path_factory, corpus_dir):
-    work = tmp_path_factory.mktemp("stream")
-    return write_config(work / "pipeline.yaml", corpus_dir), work
+@pytest.fixture
+def config(stream_config):
+    return stream_config
 
 
-@pytest.fixture(scope="module")
-def expected(config):
-    return dump_digests(config[0], 1000)
+@pytest.fixture
+def expected(stream_expected):
+    return stream_expected
 
 
 def chains(batches):

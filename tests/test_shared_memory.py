@@ -26,6 +26,7 @@ from service_helpers import (
     open_request,
     read_lane,
     response_batches,
+    serve_once,
     server,
     write_config,
 )
@@ -33,20 +34,9 @@ from zephon_client import DataClient
 from zephon_client.ring import open_ring
 from zephon_client.wire import CHAIN_SEED, decode_batch, verify
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_server.service.ring import PREFIX, SHM_DIR, RingSpace, sweep_stale
+from zephon_server.service.ring import PREFIX, SHM_DIR, Ring, RingSpace, sweep_stale
 
 pytestmark = pytest.mark.service
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory, corpus_dir):
-    work = tmp_path_factory.mktemp("shm")
-    return write_config(work / "pipeline.yaml", corpus_dir), work
-
-
-@pytest.fixture(scope="module")
-def expected(config):
-    return dump_digests(config[0], 1000)
 
 
 def ring_files(pid: int) -> list[Path]:
@@ -146,6 +136,44 @@ def test_ring_space_never_hands_out_held_bytes():
         assert space.in_use == sum(e - s for _, s, e in held)
 
 
+def shm_free() -> int:
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
+def test_a_declined_ring_gives_its_memory_back_at_once():
+    """The pages are reserved when the ring is made (a full /dev/shm fails there, not with
+    SIGBUS later) and returned on a decline, before the stream ends."""
+    before = shm_free()
+    ring = Ring.create(0, 64 << 20)
+    assert ring is not None
+    assert before - shm_free() >= 60 << 20
+    ring.answer(pb.RingReply(accepted=False, reason="test"))
+    assert not ring.path.exists() and before - shm_free() < 4 << 20
+    assert ring.place([], 0) is None  # never used once declined
+    ring.close()  # and closing again is harmless
+
+
+def test_rings_leave_half_of_dev_shm_to_others(monkeypatch, caplog):
+    """Unit test of the room check (a 64 MB /dev/shm, as Docker gives, faked by statvfs)."""
+    real = os.statvfs
+
+    def small(path, free_mb):
+        st = real(path)
+        blocks = (64 << 20) // st.f_frsize
+        free = (free_mb << 20) // st.f_frsize
+        return os.statvfs_result((*st[:2], blocks, free, free, *st[5:]))
+
+    monkeypatch.setattr(os, "statvfs", lambda path: small(path, 40))
+    ring = Ring.create(1, 7 << 20)  # 40 - 7 >= 32 MB stay free
+    assert ring is not None
+    ring.close()
+    monkeypatch.setattr(os, "statvfs", lambda path: small(path, 36))
+    with caplog.at_level("INFO", logger="zephon_server.service.ring"):
+        assert Ring.create(1, 7 << 20) is None
+    assert "--shm-size" in caplog.text and "half" in caplog.text
+
+
 # -- the client's side ------------------------------------------------------------------------
 
 
@@ -175,12 +203,12 @@ def test_the_client_declines_what_is_not_a_ring_of_this_host(tmp_path):
 
 @pytest.mark.parametrize("runner", ["inline", "threads", "processes"])
 def test_a_client_on_the_host_reads_the_same_batches_through_the_ring(
-    config, expected, runner, tmp_path
+    stream_config, stream_expected, runner, tmp_path
 ):
     """DataClient (shared memory on by default) against a real server: the ring carried most of
     the tensor bytes, and the batches are the dump's and a message-only client's, byte for
     byte, on every runner."""
-    cfg, work = config
+    cfg, work = stream_config
     port = free_port()
     workers = "1" if runner == "inline" else "2"
     args = ["--config", str(cfg), "--runner", runner, "--workers", workers]
@@ -199,25 +227,25 @@ def test_a_client_on_the_host_reads_the_same_batches_through_the_ring(
         assert ring_files(srv.proc.pid) == []  # unlinked once the client answered
     tensor_bytes = sum(a.nbytes for *_, tensors, _ in shared for a in tensors.values())
     assert tensor_bytes / 2 < ring_bytes <= tensor_bytes
-    assert len(shared) == len(plain) == sum(len(v) for v in expected.values())
+    assert len(shared) == len(plain) == sum(len(v) for v in stream_expected.values())
     for (lane, seq, tensors, chain), (lane2, seq2, tensors2, chain2) in zip(shared, plain):
         assert (lane, seq, chain) == (lane2, seq2, chain2)
-        assert chain.hex() == expected[lane][seq]
+        assert chain.hex() == stream_expected[lane][seq]
         assert tensors.keys() == tensors2.keys()
         for name, arr in tensors.items():
             assert arr.dtype == tensors2[name].dtype and np.array_equal(arr, tensors2[name])
 
 
-def test_the_raw_protocol_offer_accept_unlink(config, expected):
+def test_the_raw_protocol_offer_accept_unlink(stream_config, stream_expected):
     """Asked for shared memory, the server offers a 0600 file under /dev/shm starting with the
     nonce, unlinks it on the reply, then sends offsets instead of bytes."""
-    cfg, work = config
+    cfg, work = stream_config
     with server(["--config", str(cfg)], work) as srv:
         offer, ring, out = read_raw(srv.stub(), 1, None)
         assert offer is not None and offer.path.startswith(f"/dev/shm/{PREFIX}{srv.proc.pid}-1-")
         assert ring is not None and len(ring) == offer.size and ring[:16] == offer.nonce
         assert not Path(offer.path).exists()
-        assert checked_chain([d for _, d, _ in out]) == expected[1]
+        assert checked_chain([d for _, d, _ in out]) == stream_expected[1]
         # Messages went in full until the reply arrived, then all through the (ample) ring.
         kinds = [in_ring for *_, in_ring in out]
         first = kinds.index(True)
@@ -229,24 +257,26 @@ def test_the_raw_protocol_offer_accept_unlink(config, expected):
         assert ring_files(srv.proc.pid) == []
 
 
-def test_a_declined_ring_leaves_the_bytes_in_the_messages(config, expected):
-    cfg, work = config
+def test_a_declined_ring_leaves_the_bytes_in_the_messages(stream_config, stream_expected):
+    cfg, work = stream_config
     with server(["--config", str(cfg)], work) as srv:
         reply = pb.RingReply(accepted=False, reason="another host")
         offer, ring, out = read_raw(srv.stub(), 2, reply)
         assert offer is not None and ring is None
         assert not any(in_ring for *_, in_ring in out)
-        assert checked_chain([d for _, d, _ in out]) == expected[2]
+        assert checked_chain([d for _, d, _ in out]) == stream_expected[2]
         assert not Path(offer.path).exists()
         assert "declined the shared-memory ring: another host" in srv.output()
 
 
-def test_no_offer_with_shm_ring_mib_0_and_a_reply_without_offer_is_refused(config, expected):
-    cfg, work = config
+def test_no_offer_with_shm_ring_mib_0_and_a_reply_without_offer_is_refused(
+    stream_config, stream_expected
+):
+    cfg, work = stream_config
     with server(["--config", str(cfg), "--shm-ring-mib", "0"], work) as srv:
         offer, _, out = read_raw(srv.stub(), 0, None)
         assert offer is None and not any(in_ring for *_, in_ring in out)
-        assert checked_chain([d for _, d, _ in out]) == expected[0]
+        assert checked_chain([d for _, d, _ in out]) == stream_expected[0]
         requests = [
             open_request(0),
             pb.StreamBatchesRequest(ring=pb.RingReply(accepted=True)),
@@ -278,7 +308,15 @@ def test_a_ring_too_small_for_the_window_mixes_both_ways_with_the_same_batches(
         assert set(kinds) == {True, False}, kinds
 
 
-def test_a_dead_servers_ring_files_are_removed(config):
+@pytest.mark.parametrize("value", ["-1", "5000", "lots"])
+def test_a_bad_shm_ring_mib_fails_at_start_up(stream_config, value):
+    cfg, work = stream_config
+    res = serve_once(["--config", str(cfg), "--shm-ring-mib", value], work)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "--shm-ring-mib" in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
+
+
+def test_a_dead_servers_ring_files_are_removed(stream_config):
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         check=True,
@@ -294,7 +332,7 @@ def test_a_dead_servers_ring_files_are_removed(config):
         assert sweep_stale() >= 1
         assert not stale.exists() and mine.exists()
         stale.write_bytes(b"x")
-        cfg, work = config
+        cfg, work = stream_config
         with server(["--config", str(cfg)], work):
             assert not stale.exists()  # the server sweeps at start-up
     finally:

@@ -108,6 +108,7 @@ class Ring:
         self._space = RingSpace(size, NONCE_SIZE)
         self._lock = threading.Lock()
         self._linked = True
+        self._mapped = True
         self._closed = False
         self.accepted = False
         self.answered = False
@@ -117,6 +118,10 @@ class Ring:
         """A ring of ``size`` bytes (page-rounded) for a stream of ``lane``, or ``None`` when
         this host cannot make one (no ``/dev/shm``, or not enough room in it: logged)."""
         size = -(-max(size, MIN_SIZE) // mmap.PAGESIZE) * mmap.PAGESIZE
+        room = _room(size)
+        if room:
+            log.info("no shared-memory ring for lane %d (%s); batches go in messages", lane, room)
+            return None
         path = SHM_DIR / f"{PREFIX}{os.getpid()}-{lane}-{secrets.token_hex(6)}"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -148,11 +153,14 @@ class Ring:
         )
 
     def answer(self, reply: pb.RingReply) -> None:
-        """The client's reply (from the stream's request reader): use the ring or not."""
+        """The client's reply (from the stream's request reader): use the ring, or give its
+        memory back at once (:meth:`place` never touches a ring that was not accepted)."""
         with self._lock:
             self.answered = True
             self.accepted = reply.accepted and not self._closed
             self._unlink()
+            if not self.accepted:
+                self._unmap()
         if not reply.accepted:
             log.info("client declined the shared-memory ring: %s", reply.reason or "no reason")
 
@@ -191,13 +199,36 @@ class Ring:
             self._closed = True
             self.accepted = False
             self._unlink()
-        self._map.close()
-        os.close(self._fd)
+            self._unmap()
 
     def _unlink(self) -> None:
         if self._linked:
             self._linked = False
             self.path.unlink(missing_ok=True)
+
+    def _unmap(self) -> None:
+        if self._mapped:
+            self._mapped = False
+            self._map.close()
+            os.close(self._fd)
+
+
+def _room(size: int) -> str:
+    """Why ``/dev/shm`` should not take a ring of ``size`` bytes (empty: it can). Rings leave
+    at least half of it free for everything else there (the processes runner's payload blocks
+    among them), so a container's small ``/dev/shm`` (Docker: 64 MB) gives rings to some
+    streams rather than to none of the other users."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError as exc:
+        return f"{SHM_DIR}: {exc.strerror or exc}"
+    total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    if free - size < total // 2:
+        return (
+            f"{SHM_DIR} has {free >> 20} MiB free of {total >> 20} MiB and rings leave half of "
+            "it to others; give it more room (docker run --shm-size) or lower --shm-ring-mib"
+        )
+    return ""
 
 
 def ring_size(batch_bytes: int, batches_in_flight: int, max_mib: int) -> int:
