@@ -115,12 +115,22 @@ def test_streams_linger_to_fill_their_groups(config, expected):
             assert len(sizes) > 3 and set(sizes[1:-1]) == {4}, sizes
 
 
-@pytest.mark.parametrize("value", ["-1", "5000", "soon"])
-def test_a_bad_linger_fails_at_start_up(config, value):
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--linger-ms", "-1"),
+        ("--linger-ms", "5000"),
+        ("--linger-ms", "soon"),
+        ("--shm-ring-mib", "-1"),
+        ("--shm-ring-mib", "5000"),
+        ("--shm-ring-mib", "lots"),
+    ],
+)
+def test_a_bad_stream_flag_fails_at_start_up(config, flag, value):
     cfg, work = config
-    res = serve_once(["--config", str(cfg), "--linger-ms", value], work)
+    res = serve_once(["--config", str(cfg), flag, value], work)
     assert res.returncode == 2, res.stderr[-2000:]
-    assert "--linger-ms" in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert flag in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
 
 
 def test_reconnect_mid_lane_continues_exactly(config, expected):

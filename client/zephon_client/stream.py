@@ -61,11 +61,10 @@ class LaneStream:
     against ``previous_chain`` (``None``: unknown, so only the content digest is checked and
     the first batch's chain becomes the base), and hands :class:`_Item` objects to the
     consumer through a mailbox of ``prefetch`` slots. With ``shared_memory`` it accepts the
-    server's shared-memory ring when it can map it (:mod:`~zephon_client.ring`;
-    ``ring_batches`` counts the batches read from it). ``stub`` is a ``grpc.aio`` stub made on
-    that loop. :meth:`ack` acknowledges (coalesced, see there); :meth:`leave` ends the call
-    politely (pending Ack sent first); :meth:`close` cancels it and waits for the coroutine to
-    finish.
+    server's shared-memory ring when it can map it (:mod:`~zephon_client.ring`). ``stub`` is
+    a ``grpc.aio`` stub made on that loop. :meth:`ack` acknowledges (coalesced, see there);
+    :meth:`leave` ends the call politely (pending Ack sent first); :meth:`close` cancels it and
+    waits for the coroutine to finish.
     """
 
     def __init__(
@@ -87,7 +86,6 @@ class LaneStream:
         self.lane = lane
         self.start_seq = start_seq
         self.received = 0
-        self.ring_batches = 0
         self._verify = verify
         self._previous_chain = previous_chain
         self._metadata = tuple(metadata)
@@ -300,8 +298,6 @@ class LaneStream:
                 f"received lane {msg.lane} seq {msg.seq}"
             )
         batch = decode_batch(msg, self._ring)
-        if self._ring is not None and msg.tensors and msg.tensors[0].HasField("ring_offset"):
-            self.ring_batches += 1
         if self._verify:
             if self._chain is None:
                 content = content_digest(batch.tensors)
