@@ -41,6 +41,7 @@ from .servicer import LINGER, DataService, add_to_server
 log = logging.getLogger("zephon.serve")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DataService"].full_name
+DEFAULT_MAX_REPLAYS = 4
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -139,6 +140,26 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "objects and collects every 10,000 allocations instead of 700 (the engine's records "
         "die young), here and in --runner processes workers; 'default' keeps CPython's",
     )
+    p.add_argument(
+        "--max-replays",
+        type=int,
+        default=DEFAULT_MAX_REPLAYS,
+        metavar="N",
+        help="replays regenerating a lane's older batches at once (streams opened at a seq the "
+        "server no longer keeps share one per lane and epoch); a stream that needs one more "
+        "gets RESOURCE_EXHAUSTED (default %(default)s; 0: no replays, such seqs are "
+        "OUT_OF_RANGE)",
+    )
+
+
+def max_replays_from_args(args: argparse.Namespace) -> int:
+    """``--max-replays``, checked (0 to 1024)."""
+    n = getattr(args, "max_replays", DEFAULT_MAX_REPLAYS)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
+        raise ZephonError(
+            f"--max-replays must be a whole number between 0 and 1024 (0: no replays), got {n!r}"
+        )
+    return n
 
 
 def replay_cache_from_args(args: argparse.Namespace) -> ReplayCache | None:
@@ -238,6 +259,7 @@ class Server:
             store=self.store,
             max_ahead=args.max_ahead,
             replay_cache=replay_cache_from_args(args),
+            max_replays=max_replays_from_args(args),
         )
         self.registry = CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry, self.hub)
