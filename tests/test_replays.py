@@ -261,3 +261,56 @@ def test_a_bad_max_replays_fails_at_start_up(setup):
     res = serve_once(["--config", str(cfg), "--max-replays", "-1"], work)
     assert res.returncode == 2
     assert "--max-replays must be a whole number between 0 and 1024" in res.stderr
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(120)
+def test_a_replay_run_leaves_the_processes_shared_memory_to_the_hubs_run(corpus_specs, monkeypatch):
+    """Closing a replay (processes runner) must not unlink the shared-memory blocks of the
+    hub's own run, which shares the process; the hub's run releases them when it closes."""
+    from zephon_server.engine import shm
+    from zephon_server.engine.pipeline import Pipeline
+    from zephon_server.engine.run import PipelineRun
+
+    released: list[int] = []
+    monkeypatch.setattr(shm, "release_all", lambda: released.append(1) or 0)
+    pipe = Pipeline(corpus_specs, lanes=2, chunk_size=8, flush_every_k_chunks=2)
+    plan = (
+        pipe.decode_text()
+        .tokenize(tokenizer="byte")
+        .batch(microbatch_size=2)
+        .plan(ExecutionConfig(runner="processes", workers=1))
+    )
+    for owner in (False, True):
+        run = PipelineRun(plan, lanes=[0], release_shared_memory=owner)
+        assert next(run.batches()).seq == 0
+        run.close()
+        assert bool(released) == owner, owner
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_hub_replays_on_the_processes_runner(setup):
+    """A replay beside the hub's run, both on worker processes: the replay's batches are the
+    dump's, and the hub's lane goes on exactly after the replay ended."""
+    cfg, _, dump, _ = setup
+    pipeline, _ = load_config(cfg)
+    hub = LaneHub(pipeline, ExecutionConfig(runner="processes", workers=1), lanes=[0], max_ahead=8)
+    hub.start()
+    try:
+        ahead = hub.open(0, "ahead", 0)
+        for seq in range(150):
+            assert next(ahead).chain_digest.hex() == dump[seq]
+            hub.ack(0, "ahead", seq + 1)
+        late = hub.open(0, "late", 20)
+        assert [next(late).chain_digest.hex() for _ in range(10)] == dump[20:30]
+        hub.close_consumer(0, "late")
+        deadline = time.monotonic() + 30
+        while hub.stats()["replays"]["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hub.stats()["replays"]["running"] == 0
+        for seq in range(150, LANE_BATCHES):
+            assert next(ahead).chain_digest.hex() == dump[seq]
+            hub.ack(0, "ahead", seq + 1)
+    finally:
+        hub.stop()

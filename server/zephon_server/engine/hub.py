@@ -485,6 +485,7 @@ class LaneHub:
                     retention=16,
                     replay_cache=self.replay_cache,
                     checkpoint_floor=_keep_everything,
+                    release_shared_memory=False,  # the hub's run owns the process's blocks
                 ),
                 on_finished=self._replay_finished,
             )

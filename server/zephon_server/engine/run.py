@@ -122,6 +122,11 @@ class PipelineRun:
     cache keeps ``keep_epochs`` epochs before that position's epoch boundary. Without it the
     boundary is the chunk the source starts (an in-process consumer is where the run is);
     returning None keeps everything (a replay run, which is behind the run that evicts).
+
+    ``release_shared_memory``: whether :meth:`close` unlinks the process's shared-memory blocks
+    (processes runner). A run beside another one in the same process (a replay next to the
+    hub's run) passes False: the blocks are the process's, and releasing them would break the
+    other run's payloads in flight; what it leaves is released when the main run closes.
     """
 
     def __init__(
@@ -135,6 +140,7 @@ class PipelineRun:
         gate: LaneGate | None = None,
         replay_cache: ReplayCache | None = None,
         checkpoint_floor: Callable[[int], int | None] | None = None,
+        release_shared_memory: bool = True,
     ) -> None:
         self.plan = plan
         p = plan.pipeline
@@ -151,6 +157,7 @@ class PipelineRun:
         self.max_chunks_per_lane = max_chunks_per_lane
         self.gate = gate
         self.checkpoint_floor = checkpoint_floor
+        self.release_shared_memory = release_shared_memory
         self._lock = threading.Lock()  # lane logs: producer appends, checkpoints read
         self.k = p.flush_every_k_chunks
         starts = self._starts(resume)
@@ -428,7 +435,9 @@ class PipelineRun:
         """Stop every runner's threads and workers."""
         for runner in self.runners:
             runner.close()
-        if any(stage.runner == "processes" for stage in self.plan.stages):
+        if self.release_shared_memory and any(
+            stage.runner == "processes" for stage in self.plan.stages
+        ):
             from . import shm
 
             shm.release_all()

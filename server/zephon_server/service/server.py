@@ -88,7 +88,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--max-ahead",
         type=int,
         default=32,
-        help="batches a lane may run ahead of its slowest consumer",
+        help="batches a lane may run ahead of its slowest consumer; its log then holds at most "
+        "N + max(8, N/2) unacknowledged batches, whatever the documents",
     )
     p.add_argument(
         "--linger-ms",
@@ -147,8 +148,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="replays regenerating a lane's older batches at once (streams opened at a seq the "
         "server no longer keeps share one per lane and epoch); a stream that needs one more "
-        "gets RESOURCE_EXHAUSTED (default %(default)s; 0: no replays, such seqs are "
-        "OUT_OF_RANGE)",
+        "gets RESOURCE_EXHAUSTED (0: no replays, such seqs are OUT_OF_RANGE)",
     )
 
 
