@@ -470,26 +470,7 @@ class LaneHub:
         if replay is None:
             if not forced:
                 self._replays.admit(lane, seq, boundary)
-            state = run.checkpoint({lane: first})
-            replay = SharedReplay(
-                lane,
-                first,
-                boundary,
-                k=self.plan.pipeline.flush_every_k_chunks,
-                window=self.limit,
-                lock=self._lock,
-                make_run=lambda: PipelineRun(
-                    self.plan,
-                    lanes=[lane],
-                    resume=state,
-                    retention=16,
-                    replay_cache=self.replay_cache,
-                    checkpoint_floor=_keep_everything,
-                    release_shared_memory=False,  # the hub's run owns the process's blocks
-                ),
-                on_finished=self._replay_finished,
-            )
-            self._replays.add(replay)
+            replay = self._start_replay(lane, first, boundary)
             log.info(
                 "lane %d: replay from seq %d (epoch boundary chunk %d) started for consumer %s "
                 "at seq %d",
@@ -499,7 +480,6 @@ class LaneHub:
                 consumer,
                 seq,
             )
-            replay.start()
         else:
             log.debug(
                 "lane %d: consumer %s at seq %d joins the replay from seq %d",
@@ -511,6 +491,33 @@ class LaneHub:
         replay.add_reader(consumer, seq)
         st.replaying[consumer] = replay
         st.replay_acked[consumer] = acked
+
+    def _start_replay(self, lane: int, first: int, boundary: int) -> SharedReplay:
+        """A replay of ``lane`` from position ``first`` (epoch ``boundary``), started (the lock
+        is held; its run is built on its own thread)."""
+        assert self._run is not None
+        state = self._run.checkpoint({lane: first})
+        replay = SharedReplay(
+            lane,
+            first,
+            boundary,
+            k=self.plan.pipeline.flush_every_k_chunks,
+            window=self.limit,
+            lock=self._lock,
+            make_run=lambda: PipelineRun(
+                self.plan,
+                lanes=[lane],
+                resume=state,
+                retention=16,
+                replay_cache=self.replay_cache,
+                checkpoint_floor=_keep_everything,
+                release_shared_memory=False,  # the hub's run owns the process's blocks
+            ),
+            on_finished=self._replay_finished,
+        )
+        self._replays.add(replay)
+        replay.start()
+        return replay
 
     def _to_replay(self, st: LaneBuffer, consumer: str, seq: int) -> SharedReplay:
         """A live reader's next batch is not in the log (not kept, or evicted): it reads a
