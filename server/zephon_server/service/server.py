@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from zephon_proto.v1 import data_service_pb2 as pb
 
@@ -35,6 +35,7 @@ from ..engine.hub import LaneHub
 from ..engine.replay_cache import ReplayCache
 from .auth import TokenAuthInterceptor
 from .metrics import ServiceMetrics
+from .metrics_http import MetricsHTTPServer, add_metrics_arguments, config_from_args, describe
 from .ring import DEFAULT_MAX_MIB, sweep_stale
 from .servicer import LINGER, DataService, add_to_server
 
@@ -53,6 +54,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="serve Prometheus /metrics on this port (default: off)",
     )
+    add_metrics_arguments(p)
     p.add_argument("--state-dir", default=None, help="directory for checkpoints")
     p.add_argument(
         "--keep-checkpoints",
@@ -241,6 +243,10 @@ class Server:
         )
         self.registry = CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry, self.hub)
+        metrics_config = config_from_args(args, os.environ)
+        self.metrics_http = (
+            MetricsHTTPServer(metrics_config, self.registry) if metrics_config else None
+        )
         self.service = DataService(
             self.hub,
             metrics=self.metrics,
@@ -319,9 +325,9 @@ class Server:
         if source:
             self.hub.resumed_from = source
             log.info("resumed from %s at %s", source, self.hub.positions())
-        if self.args.metrics_port is not None:
-            start_http_server(self.args.metrics_port, addr=self.args.host, registry=self.registry)
-            log.info("metrics on http://%s:%d/metrics", self.args.host, self.args.metrics_port)
+        if self.metrics_http is not None:
+            self.metrics_http.start()
+            self._log_metrics(self.metrics_http)
         if self.service.ring_mib:
             sweep_stale()
         self.grpc.start()
@@ -347,6 +353,20 @@ class Server:
         )
         if self.args.log_interval > 0:
             threading.Thread(target=self._progress, name="zephon-progress", daemon=True).start()
+
+    def _log_metrics(self, metrics: MetricsHTTPServer) -> None:
+        config = metrics.config
+        log.info("metrics on %s (%s)", metrics.url, describe(config))
+        grpc_secured = bool(self.args.tls_cert or self.args.auth_token)
+        grpc_secured = grpc_secured or bool(os.environ.get("ZEPHON_AUTH_TOKEN"))
+        if grpc_secured and not (config.loopback or config.schemes or config.client_cafile):
+            log.warning(
+                "/metrics on %s needs no credentials while gRPC does: anyone who reaches port "
+                "%d reads them; set ZEPHON_METRICS_TOKEN (or --metrics-auth-token) or "
+                "--metrics-basic-auth-file",
+                config.host,
+                metrics.port,
+            )
 
     def drain(self) -> None:
         """Graceful stop: NOT_SERVING, refuse new streams, end open ones, stop."""
