@@ -29,6 +29,7 @@ from zephon_proto.v1 import data_service_pb2 as pb
 from .. import gc_policy
 from ..allocator import CHOICES as ALLOCATORS
 from ..allocator import ENV as ALLOCATOR_ENV
+from ..engine import shm_owner
 from ..engine.checkpoint import CheckpointStore, ResumeState, read_state_file
 from ..engine.errors import ZephonError
 from ..engine.hub import LaneHub
@@ -330,6 +331,7 @@ class Server:
             self._log_metrics(self.metrics_http)
         if self.service.ring_mib:
             sweep_stale()
+        shm_owner.sweep_stale()  # payload blocks and semaphores of processes that died
         self.grpc.start()
         with self._drain_lock:
             self._serving = True
