@@ -382,7 +382,7 @@ CASES: list[tuple[str, Any, grpc.StatusCode, str]] = [
             r.stub.Resume, pb.ResumeRequest(state=r.state[:8] + b"\x09\x00" + r.state[10:])
         ),
         grpc.StatusCode.FAILED_PRECONDITION,
-        "format version 9 is newer than this server's 1",
+        "format version 9 is newer than this server's 2",
     ),
     (
         "resume: format version 0",
@@ -390,7 +390,7 @@ CASES: list[tuple[str, Any, grpc.StatusCode, str]] = [
             r.stub.Resume, pb.ResumeRequest(state=r.state[:8] + b"\x00\x00" + r.state[10:])
         ),
         grpc.StatusCode.DATA_LOSS,
-        "format version 0, expected 1..1",
+        "format version 0, expected 1..2",
     ),
     (
         "resume: another pipeline",

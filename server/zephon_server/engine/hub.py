@@ -28,6 +28,7 @@ from .checkpoint import (
     IncompatibleCheckpoint,
     ResumeState,
 )
+from .checkpoint_key import CheckpointKey
 from .errors import ConfigError, ZephonError
 from .execution import ExecutionConfig
 from .pipeline import Pipeline
@@ -99,6 +100,7 @@ class LaneHub:
         max_ahead: int = 32,
         keep_consumed: int = 64,
         replay_cache: ReplayCache | None = None,
+        checkpoint_key: CheckpointKey | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.execution = execution
@@ -109,6 +111,9 @@ class LaneHub:
             if not 0 <= lane < n:
                 raise BadLane(f"lane {lane} does not exist; the pipeline has lanes 0..{n - 1}")
         self.store = store
+        #: Signs the checkpoint bytes this hub hands out and verifies the ones it is given
+        #: (the store signs what it saves with the same key).
+        self.checkpoint_key = checkpoint_key
         self.replay_cache = replay_cache
         self.max_ahead = max_ahead
         self.keep_consumed = keep_consumed
@@ -417,7 +422,7 @@ class LaneHub:
         self._wait_produced(merged, timeout=produce_timeout)
         state = self._run.checkpoint(merged, tag=tag)
         if self.store is None:
-            return "", state.encode(), state
+            return "", state.encode(self.checkpoint_key), state
         cid, data = self.store.save(state)
         return cid, data, state
 

@@ -11,6 +11,7 @@ from ..engine.checkpoint import (
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     UnknownCheckpoint,
+    UntrustedCheckpoint,
 )
 from ..engine.errors import ConfigError, ZephonError
 from ..engine.hub import BadLane, HubClosed, OutOfRange
@@ -22,6 +23,7 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
     (UnknownCheckpoint, grpc.StatusCode.NOT_FOUND),
     (IncompatibleCheckpoint, grpc.StatusCode.FAILED_PRECONDITION),
+    (UntrustedCheckpoint, grpc.StatusCode.PERMISSION_DENIED),
     (CorruptCheckpoint, grpc.StatusCode.DATA_LOSS),
     (CheckpointError, grpc.StatusCode.OUT_OF_RANGE),
     (HubClosed, grpc.StatusCode.UNAVAILABLE),

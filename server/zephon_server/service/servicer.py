@@ -135,7 +135,7 @@ class DataService(pb_grpc.DataServiceServicer):
                 state = self.hub.store.load(request.checkpoint_id)
                 source = request.checkpoint_id
             else:
-                state = ResumeState.decode(request.state)
+                state = ResumeState.decode(request.state, self.hub.checkpoint_key)
                 source = "bytes"
             positions = self.hub.resume(state, source=source)
         except Exception as exc:
