@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -29,11 +30,13 @@ from zephon_proto.v1 import data_service_pb2 as pb
 from .. import gc_policy
 from ..allocator import CHOICES as ALLOCATORS
 from ..allocator import ENV as ALLOCATOR_ENV
+from ..engine.cache_budget import CacheBudget
 from ..engine.checkpoint import CheckpointStore, ResumeState, read_state_file
 from ..engine.errors import ZephonError
 from ..engine.hub import LaneHub
 from ..engine.replay_cache import ReplayCache
 from .auth import TokenAuthInterceptor
+from .malformed import MalformedRequestInterceptor
 from .metrics import ServiceMetrics
 from .ring import DEFAULT_MAX_MIB, sweep_stale
 from .servicer import LINGER, DataService, add_to_server
@@ -139,21 +142,59 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "objects and collects every 10,000 allocations instead of 700 (the engine's records "
         "die young), here and in --runner processes workers; 'default' keeps CPython's",
     )
+    p.add_argument(
+        "--replay-cache-max-bytes",
+        default="auto",
+        metavar="BYTES",
+        help="disk the replay cache may take, e.g. 2G or 500M ('auto', the default: a tenth "
+        "of the size of its filesystem, at most 8G); it evicts its oldest entries to stay "
+        "within it, and writes nothing while its filesystem has less than a twentieth of its "
+        "size (at most 1G) free, which is left for checkpoints",
+    )
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, flag: str) -> int:
+    """Bytes from ``123``, ``500M``, ``2G``, ``2GiB`` (powers of 1024)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ZephonError(
+            f"{flag} must be a number of bytes with an optional K, M, G or T suffix (powers "
+            f"of 1024), e.g. 2G, or 'auto'; got {text!r}"
+        )
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
 
 
 def replay_cache_from_args(args: argparse.Namespace) -> ReplayCache | None:
-    """The replay cache ``--replay-cache`` / ``--state-dir`` ask for (None when off)."""
+    """The replay cache ``--replay-cache`` / ``--state-dir`` ask for (None when off), with
+    its ``--replay-cache-max-bytes`` budget."""
     where = getattr(args, "replay_cache", None)
     epochs = getattr(args, "replay_cache_epochs", 2)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ZephonError(f"--replay-cache-epochs must be an integer >= 1, got {epochs!r}")
+    size = getattr(args, "replay_cache_max_bytes", "auto")
+    max_bytes = None if size == "auto" else parse_size(size, "--replay-cache-max-bytes")
+    if max_bytes == 0:
+        raise ZephonError(
+            "--replay-cache-max-bytes must be more than 0 (to turn the cache off use "
+            "--replay-cache off)"
+        )
     if where == "off":
         return None
     if where is None:
         if not args.state_dir:
             return None
         where = str(Path(args.state_dir) / "replay-cache")
-    return ReplayCache(where, keep_epochs=epochs)
+    budget = CacheBudget.for_path(where, max_bytes)
+    log.info(
+        "replay cache %s: at most %d bytes; leaves %d bytes free on its filesystem",
+        where,
+        budget.max_bytes,
+        budget.reserve_bytes,
+    )
+    return ReplayCache(where, keep_epochs=epochs, budget=budget)
 
 
 def store_from_args(args: argparse.Namespace) -> CheckpointStore | None:
@@ -250,7 +291,8 @@ class Server:
         )
         self.health = health.HealthServicer()
         token = args.auth_token or os.environ.get("ZEPHON_AUTH_TOKEN") or None
-        interceptors = [TokenAuthInterceptor(token)] if token else []
+        interceptors: list[grpc.ServerInterceptor] = [TokenAuthInterceptor(token)] if token else []
+        interceptors.append(MalformedRequestInterceptor())  # after auth: no one else gets here
         self.grpc = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=args.max_streams + 32, thread_name_prefix="zephon-rpc"
@@ -258,7 +300,8 @@ class Server:
             interceptors=interceptors,
             options=[
                 ("grpc.max_send_message_length", 256 << 20),
-                ("grpc.max_receive_message_length", 64 << 20),
+                # The largest legitimate request is a Resume with checkpoint bytes (limits.py)
+                ("grpc.max_receive_message_length", self.service.limits.receive_max_bytes),
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.ping_timeout_ms", 10_000),  # what gRPC times pings out by
