@@ -201,30 +201,20 @@ class ReplayCache:
         blob = _encode_entry(cursors, arrays)
         directory = self._chunk_dir(lane, chunk)
         final = directory / f"op{op_index}-{_cursor_name(cursors[0])}.tok"
+        size = self.budget.disk_size
         with self.ledger.locked() as counts:
             if not self._room_for(counts, final, len(blob), chunk):
                 return
-            created = self._make_dirs(directory)
-            counts.bytes += created * self.budget.block
             try:
-                replaced = final.stat().st_size if final.exists() else None
-                tmp = directory / f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-                try:
-                    with open(tmp, "wb") as f:
-                        f.write(blob)
-                    os.replace(tmp, final)
-                except BaseException:
-                    tmp.unlink(missing_ok=True)
-                    raise
+                counts.bytes += self._make_dirs(directory) * self.budget.block
+                replaced = _replace_file(final, blob)
             except OSError as exc:
                 if exc.errno not in _DISK_FULL:
                     raise
                 counts.skipped_disk_full += 1
                 self._pause_writing(exc)
                 return
-            counts.bytes += self.budget.disk_size(len(blob))
-            if replaced is not None:
-                counts.bytes -= self.budget.disk_size(replaced)
+            counts.bytes += size(len(blob)) - (size(replaced) if replaced is not None else 0)
         self._pause = _PAUSE
         self._low_disk_warned = False
         with self._lock:
@@ -436,6 +426,21 @@ def _chunk_number(name: str) -> int | None:
         return int(name[6:])
     except ValueError:
         return None
+
+
+def _replace_file(final: Path, data: bytes) -> int | None:
+    """Make ``final`` hold ``data`` atomically (temporary file, rename); the size of the file
+    it replaced, or None. A failed write leaves no temporary file."""
+    replaced = final.stat().st_size if final.exists() else None
+    tmp = final.parent / f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return replaced
 
 
 def _encode_entry(cursors: list[Cursor], arrays: list[np.ndarray]) -> bytes:
