@@ -24,7 +24,6 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 from zephon_server.service.limits import RequestLimits
 from zephon_server.service.ratelimit import RateLimitedLog
 
-pytestmark = pytest.mark.service
 TOKEN = "s3cret-token"
 
 
@@ -142,6 +141,7 @@ FIELD_CASES = [
 ]
 
 
+@pytest.mark.service
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("name", "call", "text"), FIELD_CASES, ids=[c[0] for c in FIELD_CASES])
 def test_a_field_over_its_limit_is_invalid_argument(limited, name, call, text):
@@ -152,6 +152,7 @@ def test_a_field_over_its_limit_is_invalid_argument(limited, name, call, text):
     assert limited.state_files() == before  # nothing was stored
 
 
+@pytest.mark.service
 @pytest.mark.timeout(60)
 def test_fields_at_their_limits_are_accepted(limited):
     for lane in range(4):
@@ -166,6 +167,7 @@ def test_fields_at_their_limits_are_accepted(limited):
     assert [b.seq for b in batches] == [0, 1]
 
 
+@pytest.mark.service
 @pytest.mark.timeout(60)
 def test_a_message_over_the_receive_limit_is_refused_by_grpc(limited):
     before = limited.state_files()
@@ -231,6 +233,7 @@ def send_garbage(channel: grpc.Channel, rng: random.Random, n: int, metadata=())
     return errors
 
 
+@pytest.mark.service
 @pytest.mark.timeout(120)
 def test_undecodable_requests_are_invalid_argument_and_log_a_few_lines(tmp_path, corpus_dir):
     cfg = write_config(tmp_path / "pipeline.yaml", corpus_dir)
@@ -258,6 +261,7 @@ def test_undecodable_requests_are_invalid_argument_and_log_a_few_lines(tmp_path,
     assert all("from ipv" in line and "do not decode as" in line for line in lines), lines
 
 
+@pytest.mark.service
 @pytest.mark.timeout(60)
 def test_undecodable_requests_with_auth_on(tmp_path, corpus_dir):
     cfg = write_config(tmp_path / "pipeline.yaml", corpus_dir)
