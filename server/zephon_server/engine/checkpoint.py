@@ -16,6 +16,7 @@ signed one as "newer" instead of misreading it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -74,6 +75,19 @@ class BadSignature(UntrustedCheckpoint):
 
 class NoUsableCheckpoint(CheckpointError):
     """``--resume latest``: checkpoint files exist but every one tried was refused."""
+
+
+class CheckpointNotSaved(CheckpointError):
+    """The state directory refused the checkpoint file (an ``OSError`` writing it); nothing
+    was saved and the server goes on serving (UNAVAILABLE on the wire)."""
+
+
+class NoSpaceForCheckpoint(CheckpointNotSaved):
+    """The state directory's filesystem is full (``ENOSPC``/``EDQUOT``; RESOURCE_EXHAUSTED)."""
+
+
+class StateDirNotWritable(CheckpointNotSaved):
+    """The state directory is read-only or not ours to write (FAILED_PRECONDITION)."""
 
 
 class UnknownCheckpoint(CheckpointError, KeyError):
@@ -429,19 +443,52 @@ class CheckpointStore:
         return sorted((i for i in found if CHECKPOINT_ID.match(i)), key=lambda i: int(i[5:13]))
 
     def save(self, state: ResumeState) -> tuple[str, bytes]:
-        """Persist atomically under a new id; returns (id, bytes)."""
+        """Persist atomically under a new id; returns (id, bytes).
+
+        An ``OSError`` writing the file (a full disk, a read-only directory) raises
+        :class:`CheckpointNotSaved` naming the directory and the fix; no partial file stays.
+        """
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", state.tag)[:64]
         data = state.encode(self.key)
         with self._lock:
             ids = self.ids()
             n = int(ids[-1][5:13]) + 1 if ids else 1
             cid = f"ckpt-{n:08d}" + (f"-{tag}" if tag else "")
-            write_atomic(self.dir / f"{cid}{self.suffix}", data)
+            try:
+                write_atomic(self.dir / f"{cid}{self.suffix}", data)
+            except OSError as exc:
+                raise self._not_saved(exc, cid, len(data), len(ids)) from exc
             if self.keep:
                 for old in [*ids, cid][: -self.keep]:
                     (self.dir / f"{old}{self.suffix}").unlink(missing_ok=True)
                     log.info("deleted checkpoint %s (keeping the newest %d)", old, self.keep)
         return cid, data
+
+    def _not_saved(self, exc: OSError, cid: str, size: int, count: int) -> CheckpointNotSaved:
+        """The error for a checkpoint file the state directory refused."""
+        what = f"checkpoint {cid} ({size} bytes) was not saved"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            try:
+                fs = os.statvfs(self.dir)
+                free = f"{fs.f_bavail * fs.f_frsize} bytes free"
+            except OSError:
+                free = "free space unknown"
+            keep = f"now {self.keep}" if self.keep else "now 0: keep all"
+            return NoSpaceForCheckpoint(
+                f"no space left in {self.dir} ({free}, {count} checkpoints kept): {what}; "
+                f"free space on that filesystem or lower --keep-checkpoints ({keep}); the "
+                "replay cache under it takes at most --replay-cache-max-bytes"
+            )
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return StateDirNotWritable(
+                f"cannot write in {self.dir}: {reason}: {what}; make --state-dir a writable "
+                "directory of the server's user"
+            )
+        return CheckpointNotSaved(
+            f"cannot write in {self.dir}: {reason} (errno {exc.errno}): {what}; check the disk "
+            "under --state-dir, then checkpoint again"
+        )
 
     def load(self, checkpoint_id: str) -> ResumeState:
         """The checkpoint with that id (verified)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -35,6 +36,7 @@ from ..allocator import CHOICES as ALLOCATORS
 from ..allocator import ENV as ALLOCATOR_ENV
 from ..cli import CHECKPOINT_KEY_ENV, checkpoint_key_from_args
 from ..engine import shm_owner
+from ..engine.cache_budget import CacheBudget
 from ..engine.checkpoint import (
     CHECKPOINT_ID,
     CheckpointStore,
@@ -49,6 +51,7 @@ from ..engine.replay_cache import ReplayCache
 from ..stop_signals import StopSignals
 from .auth import TokenAuthInterceptor
 from .listen import check_tls_files, listen_problem
+from .malformed import MalformedRequestInterceptor
 from .metrics import ServiceMetrics
 from .metrics_http import MetricsHTTPServer, add_metrics_arguments, config_from_args, describe
 from .ring import DEFAULT_MAX_MIB, sweep_stale
@@ -166,21 +169,59 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "16 bytes, e.g. from openssl rand -hex 32) and refuse every one read that it did not "
         f"sign; or set {CHECKPOINT_KEY_ENV} to the key (default: unsigned, as before)",
     )
+    p.add_argument(
+        "--replay-cache-max-bytes",
+        default="auto",
+        metavar="BYTES",
+        help="disk the replay cache may take, e.g. 2G or 500M ('auto', the default: a tenth "
+        "of the size of its filesystem, at most 8G); it evicts its oldest entries to stay "
+        "within it, and writes nothing while its filesystem has less than a twentieth of its "
+        "size (at most 1G) free, which is left for checkpoints",
+    )
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, flag: str) -> int:
+    """Bytes from ``123``, ``500M``, ``2G``, ``2GiB`` (powers of 1024)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ZephonError(
+            f"{flag} must be a number of bytes with an optional K, M, G or T suffix (powers "
+            f"of 1024), e.g. 2G, or 'auto'; got {text!r}"
+        )
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
 
 
 def replay_cache_from_args(args: argparse.Namespace) -> ReplayCache | None:
-    """The replay cache ``--replay-cache`` / ``--state-dir`` ask for (None when off)."""
+    """The replay cache ``--replay-cache`` / ``--state-dir`` ask for (None when off), with
+    its ``--replay-cache-max-bytes`` budget."""
     where = getattr(args, "replay_cache", None)
     epochs = getattr(args, "replay_cache_epochs", 2)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ZephonError(f"--replay-cache-epochs must be an integer >= 1, got {epochs!r}")
+    size = getattr(args, "replay_cache_max_bytes", "auto")
+    max_bytes = None if size == "auto" else parse_size(size, "--replay-cache-max-bytes")
+    if max_bytes == 0:
+        raise ZephonError(
+            "--replay-cache-max-bytes must be more than 0 (to turn the cache off use "
+            "--replay-cache off)"
+        )
     if where == "off":
         return None
     if where is None:
         if not args.state_dir:
             return None
         where = str(Path(args.state_dir) / "replay-cache")
-    return ReplayCache(where, keep_epochs=epochs)
+    budget = CacheBudget.for_path(where, max_bytes)
+    log.info(
+        "replay cache %s: at most %d bytes; leaves %d bytes free on its filesystem",
+        where,
+        budget.max_bytes,
+        budget.reserve_bytes,
+    )
+    return ReplayCache(where, keep_epochs=epochs, budget=budget)
 
 
 def store_from_args(
@@ -349,7 +390,8 @@ class Server:
         )
         self.health = health.HealthServicer()
         token = args.auth_token or os.environ.get("ZEPHON_AUTH_TOKEN") or None
-        interceptors = [TokenAuthInterceptor(token)] if token else []
+        interceptors: list[grpc.ServerInterceptor] = [TokenAuthInterceptor(token)] if token else []
+        interceptors.append(MalformedRequestInterceptor())  # after auth: no one else gets here
         self.grpc = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=args.max_streams + 32, thread_name_prefix="zephon-rpc"
@@ -357,7 +399,8 @@ class Server:
             interceptors=interceptors,
             options=[
                 ("grpc.max_send_message_length", 256 << 20),
-                ("grpc.max_receive_message_length", 64 << 20),
+                # The largest legitimate request is a Resume with checkpoint bytes (limits.py)
+                ("grpc.max_receive_message_length", self.service.limits.receive_max_bytes),
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.ping_timeout_ms", 10_000),  # what gRPC times pings out by
