@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .allocator import ensure_allocator
@@ -158,8 +159,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
     run.close()
     if args.save_state:
         from .engine.checkpoint import write_atomic
+        from .engine.manifest import ShardManifest, manifest_dir, save_manifest
 
         positions = {lane: run.logs[lane].start.next_seq + n for lane, n in counts.items()}
+        # The shard manifest first (next to the file): a refused resume then names the shard.
+        manifest = ShardManifest.of(plan.fingerprint, plan.datasets)
+        save_manifest(manifest_dir(Path(args.save_state).absolute().parent), manifest)
         write_atomic(args.save_state, run.checkpoint(positions).encode())
         log.info("saved resume state at %s to %s", positions, args.save_state)
     return 0
