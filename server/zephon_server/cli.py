@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .engine.errors import ZephonError
@@ -177,8 +178,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
     run.close()
     if args.save_state:
         from .engine.checkpoint import write_atomic
+        from .engine.manifest import ShardManifest, manifest_dir, save_manifest
 
         positions = {lane: run.logs[lane].start.next_seq + n for lane, n in counts.items()}
+        # The shard manifest first (next to the file): a refused resume then names the shard.
+        manifest = ShardManifest.of(plan.fingerprint, plan.datasets)
+        save_manifest(manifest_dir(Path(args.save_state).absolute().parent), manifest)
         write_atomic(args.save_state, run.checkpoint(positions).encode(key))
         log.info("saved resume state at %s to %s", positions, args.save_state)
     return 0

@@ -16,6 +16,7 @@ signed one as "newer" instead of misreading it.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -26,13 +27,14 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .checkpoint_key import MAC_BYTES, CheckpointKey
 from .errors import ZephonError
+from .manifest import COPY_HINT, ShardManifest, describe_data_change, manifest_dir
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,9 @@ class ResumeState:
     num_lanes: int
     created: float = field(default_factory=time.time)
     tag: str = ""
+    #: The file the bytes were read from ("" for bytes from elsewhere): not part of the
+    #: checkpoint; a refused resume looks for the shard manifest next to it.
+    origin: str = field(default="", compare=False)
 
     def positions(self) -> dict[int, int]:
         return {lane: st.next_seq for lane, st in sorted(self.lanes.items())}
@@ -249,21 +254,89 @@ class ResumeState:
             lanes.update(st.lanes)
         return cls(first.fingerprint, dict(first.components), lanes, first.num_lanes, tag=first.tag)
 
-    def check_compatible(self, fingerprint: str, components: dict[str, str]) -> None:
-        """Raise :class:`IncompatibleCheckpoint` naming what differs from this pipeline."""
+    def check_compatible(
+        self,
+        fingerprint: str,
+        components: dict[str, str],
+        *,
+        datasets: Sequence[Any] = (),
+        manifest_dirs: Sequence[str | os.PathLike[str]] = (),
+    ) -> None:
+        """Raise :class:`IncompatibleCheckpoint` naming what differs from this pipeline.
+
+        ``datasets`` (the pipeline's resolved :class:`~.datasets.DatasetInfo`) lets a data
+        change be explained shard by shard from the checkpoint's shard manifest, looked for
+        next to :attr:`origin` and in ``manifest_dirs`` (see :mod:`.manifest`).
+        """
         if self.fingerprint == fingerprint:
             return
-        keys = sorted(set(self.components) | set(components))
-        diffs = [
-            f"{k} (checkpoint {self.components.get(k, '-')}, pipeline {components.get(k, '-')})"
-            for k in keys
+        self._check_fingerprint_version(fingerprint, components)
+        differing = [
+            k
+            for k in sorted(set(self.components) | set(components))
             if self.components.get(k) != components.get(k)
         ]
+        # Shards of a dataset on both sides; a dataset on one side only is a config change.
+        changed = [
+            k.split(":", 1)[1]
+            for k in differing
+            if k.startswith("shards:") and k in self.components and k in components
+        ]
+        config = [
+            f"{k} (checkpoint {self.components.get(k, '-')}, pipeline {components.get(k, '-')})"
+            for k in differing
+            if not k.startswith("shards:")
+        ]
+        data, hint = self._describe_data_change(changed, datasets, manifest_dirs)
+        which = f"expected fingerprint {fingerprint[:16]}, found {self.fingerprint[:16]}"
+        if config or not data:
+            also = f"; and the data changed: {data}" if data else ""
+            raise IncompatibleCheckpoint(
+                f"checkpoint is from another pipeline: {which}; differs in: "
+                f"{', '.join(config) or 'unknown'}{also}. "
+                "Resume with the pipeline config it was taken with"
+            )
         raise IncompatibleCheckpoint(
-            f"checkpoint is from another pipeline: expected fingerprint {fingerprint[:16]}, "
-            f"found {self.fingerprint[:16]}; differs in: {', '.join(diffs) or 'unknown'}. "
-            "Resume with the pipeline config it was taken with"
+            f"checkpoint does not match the data: the shards changed since it was taken "
+            f"({which}): {data}. Its positions point at rows of the files it was taken on, so "
+            "resuming on these would serve other data. Restore the original files"
+            + (f"; {COPY_HINT}" if hint else "")
+            + ". To train on the changed data, start a new run (without a resume)"
         )
+
+    def _check_fingerprint_version(self, fingerprint: str, components: dict[str, str]) -> None:
+        """A checkpoint of another fingerprint scheme cannot be compared part by part."""
+        ours = components.get("fingerprint_version", "-")
+        theirs = self.components.get("fingerprint_version", "1")  # version 1 had no such part
+        if theirs != ours:
+            raise IncompatibleCheckpoint(
+                f"checkpoint was taken with fingerprint version {theirs} and this server "
+                f"computes version {ours} (which also identifies every shard by its size and "
+                "modification time), so it cannot be checked against the current data "
+                f"(expected fingerprint {fingerprint[:16]}, found {self.fingerprint[:16]}). "
+                "Resume it with the Zephon version that took it, or start a new run"
+            )
+
+    def _describe_data_change(
+        self,
+        names: list[str],
+        datasets: Sequence[Any],
+        manifest_dirs: Sequence[str | os.PathLike[str]],
+    ) -> tuple[str, bool]:
+        """What changed in the shards of datasets ``names`` ("" for none), and whether the
+        copy hint applies; shard by shard when a manifest of this checkpoint is found."""
+        if not names:
+            return "", False
+        if not datasets:
+            return (
+                f"the shard list, or a shard's size, modification time or row count, of "
+                f"dataset(s) {', '.join(repr(n) for n in names)}",
+                True,
+            )
+        dirs = [manifest_dir(Path(self.origin).parent)] if self.origin else []
+        dirs += [Path(d) for d in manifest_dirs if Path(d) not in dirs]
+        current = ShardManifest.of("", datasets)
+        return describe_data_change(self.fingerprint, names, current, dirs)
 
 
 def _verified_payload(data: bytes) -> tuple[bytes, int]:
@@ -350,7 +423,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def read_state_file(path: str | os.PathLike[str], key: CheckpointKey | None = None) -> ResumeState:
-    """Load and verify a checkpoint file (signed with ``key`` when one is given).
+    """Load and verify a checkpoint file (signed with ``key`` when one is given); its
+    :attr:`~ResumeState.origin` is ``path``.
 
     A path that is not a readable file is :class:`UnreadableCheckpoint` (a kind of corrupt
     checkpoint) naming the path and the fix; a missing one :class:`UnknownCheckpoint`.
@@ -369,7 +443,7 @@ def read_state_file(path: str | os.PathLike[str], key: CheckpointKey | None = No
             f"checkpoint file {name!r} cannot be read: {exc.strerror or exc} (check its owner, "
             "mode and the disk)"
         ) from None
-    return ResumeState.decode(data, key)
+    return dataclasses.replace(ResumeState.decode(data, key), origin=os.path.abspath(path))
 
 
 CHECKPOINT_ID = re.compile(r"^ckpt-(\d{8})(-[A-Za-z0-9_.-]{1,64})?$")

@@ -1,10 +1,10 @@
 """Datasets: named sets of shard files with a mixture weight, resolved to counted shards.
 
 A :class:`DatasetSpec` is what users configure; :func:`resolve_datasets` turns specs into
-:class:`DatasetInfo` objects (the sorted list of shard files with their formats, sizes and row
-counts). Resolution does no I/O beyond listing files and counting rows; counting goes through
-the :class:`~zephon_server.engine.shards.ShardCache`, so the JSONL line index built for counting
-is the one reading uses later.
+:class:`DatasetInfo` objects (the sorted list of shard files with their formats, sizes, row
+counts and modification times). Resolution does no I/O beyond listing files and counting rows;
+counting goes through the :class:`~zephon_server.engine.shards.ShardCache`, so the JSONL line
+index built for counting is the one reading uses later (for the same file identity).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ConfigError, DataError
+from .identity import local_identity
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 
 logger = logging.getLogger(__name__)
@@ -94,12 +95,22 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard file: absolute path, format, size in bytes and number of rows."""
+    """One shard file: absolute path, format, size in bytes, rows and modification time.
+
+    :attr:`identity` is what says the file is still the one whose rows were counted and
+    indexed: the fingerprint covers it and every read compares it with the open file.
+    """
 
     path: str
     format: str
     size_bytes: int
     num_rows: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> str:
+        """Size and modification time as one comparable string (see :mod:`.identity`)."""
+        return local_identity(self.size_bytes, self.mtime_ns)
 
 
 @dataclass(frozen=True)
@@ -173,11 +184,16 @@ def resolve_datasets(
 
 
 def _shard_info(path: str, fmt: str, cache: ShardCache) -> ShardInfo:
+    """The shard with its identity now and the row count of exactly that file version.
+
+    The cache counts under the identity (a changed file is counted again, a file changing
+    while it is counted raises :class:`~.errors.ShardChanged`)."""
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
     except OSError as exc:
         raise DataError(f"cannot read shard {path}: {exc}") from exc
-    return ShardInfo(path, fmt, size, cache.num_rows(path, fmt))
+    rows = cache.num_rows(path, fmt, local_identity(st.st_size, st.st_mtime_ns))
+    return ShardInfo(path, fmt, st.st_size, rows, st.st_mtime_ns)
 
 
 def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:

@@ -31,6 +31,7 @@ from .checkpoint import (
 from .checkpoint_key import CheckpointKey
 from .errors import ConfigError, ZephonError
 from .execution import ExecutionConfig
+from .manifest import ShardManifest, manifest_dir, save_manifest
 from .pipeline import Pipeline
 from .planner import Plan
 from .records import LaneEnd, SampleBatch, SampleMeta
@@ -131,6 +132,7 @@ class LaneHub:
         self._state: dict[int, _Lane] = {}
         self.resumed_from: str | None = None
         self.replays_started = 0
+        self._manifest_saved = False
         #: Called with the error when the pipeline fails (a worker died, bad data under
         #: ``on_error: fail``...) and with ``None`` when a run starts; the server turns it
         #: into health NOT_SERVING / SERVING.
@@ -157,7 +159,19 @@ class LaneHub:
 
     def start(self, resume: ResumeState | None = None) -> None:
         """Start producing (from the beginning, or from ``resume``'s positions)."""
+        if resume is not None:
+            self._check_compatible(resume)
         self._install(self._new_run(resume))
+
+    def _check_compatible(self, state: ResumeState) -> None:
+        """Refuse a checkpoint of another pipeline or other data, naming the changed shards
+        from the shard manifest next to the checkpoint or in the state directory."""
+        state.check_compatible(
+            self.plan.fingerprint,
+            self.plan.components,
+            datasets=self.plan.datasets,
+            manifest_dirs=[manifest_dir(self.store.dir)] if self.store is not None else [],
+        )
 
     def _new_run(self, resume: ResumeState | None) -> PipelineRun:
         """A run of the served lanes; validates ``resume`` fully before anything changes."""
@@ -213,7 +227,7 @@ class LaneHub:
         (another pipeline, missing lanes, invalid lane state) leaves the server serving.
         """
         with self._resume_lock:
-            state.check_compatible(self.plan.fingerprint, self.plan.components)
+            self._check_compatible(state)
             missing = [lane for lane in self.lanes if lane not in state.lanes]
             if missing:
                 raise IncompatibleCheckpoint(
@@ -423,6 +437,9 @@ class LaneHub:
         state = self._run.checkpoint(merged, tag=tag)
         if self.store is None:
             return "", state.encode(self.checkpoint_key), state
+        if not self._manifest_saved:  # before the checkpoint: every checkpoint has its manifest
+            manifest = ShardManifest.of(self.plan.fingerprint, self.plan.datasets)
+            self._manifest_saved = save_manifest(manifest_dir(self.store.dir), manifest) is not None
         cid, data = self.store.save(state)
         return cid, data, state
 

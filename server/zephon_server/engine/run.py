@@ -165,7 +165,9 @@ class PipelineRun:
     def _starts(self, resume: ResumeState | None) -> dict[int, LaneState]:
         if resume is None:
             return {lane: self.initial_lane_state(lane) for lane in self.lanes}
-        resume.check_compatible(self.plan.fingerprint, self.plan.components)
+        resume.check_compatible(
+            self.plan.fingerprint, self.plan.components, datasets=self.plan.datasets
+        )
         missing = [lane for lane in self.lanes if lane not in resume.lanes]
         if missing:
             raise IncompatibleCheckpoint(

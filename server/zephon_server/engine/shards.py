@@ -13,28 +13,39 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
 A JSONL row is every ``\\n``-terminated line (blank lines included) plus a final unterminated
 non-empty line; it is returned as raw ``bytes`` without the newline, decoding happens later.
 Parquet rows are returned as ``str`` (or ``bytes`` for binary columns, ``None`` for nulls).
+
+Everything cached is cached under the shard's *identity* (size and modification time, see
+:mod:`.identity`): a plain JSONL read calls ``fstat`` on the file it opened and compares it with
+the :class:`~.datasets.ShardInfo`, and a compressed shard, a Parquet footer or row group is
+loaded only between two ``stat`` calls that find the identity it is wanted under. A file that
+changed raises :class:`~.errors.ShardChanged`; no row is ever read through the index of
+another version of the file.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
 import os
+import stat as stat_module
 import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import zstandard
 
-from .errors import DataError
+from .errors import DataError, ShardChanged
+from .identity import describe_change, stat_identity
 
 if TYPE_CHECKING:
     from .datasets import ShardInfo
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 JSONL = "jsonl"
 JSONL_GZ = "jsonl.gz"
@@ -183,9 +194,9 @@ class ShardCache:
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         self._lru: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._line_index: dict[str, np.ndarray] = {}
-        self._counts: dict[tuple[str, str], int] = {}
-        self._parquet: dict[str, tuple[Any, np.ndarray, Any]] = {}
+        self._line_index: dict[str, tuple[str, np.ndarray]] = {}  # path -> (identity, starts)
+        self._counts: dict[tuple[str, str, str], int] = {}  # (path, format, identity) -> rows
+        self._parquet: dict[str, tuple[str, tuple[Any, np.ndarray, Any]]] = {}
         self._too_big_warned: set[Hashable] = set()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -193,19 +204,25 @@ class ShardCache:
 
     # ------------------------------------------------------------------ public API
 
-    def num_rows(self, shard_path: str, fmt: str) -> int:
-        """Number of rows of a shard; builds (and keeps) the index that reading reuses."""
-        key = (shard_path, fmt)
+    def num_rows(self, shard_path: str, fmt: str, identity: str | None = None) -> int:
+        """Number of rows of a shard; builds (and keeps) the index that reading reuses.
+
+        ``identity``: the file version to count (default: the file as it is now); a file that
+        is not that version raises :class:`~.errors.ShardChanged`.
+        """
+        if identity is None:
+            identity = _identity_now(shard_path)
+        key = (shard_path, fmt, identity)
         with self._lock:
             count = self._counts.get(key)
         if count is not None:
             return count
         if fmt == JSONL:
-            count = len(self._plain_index(shard_path)) - 1
+            count = len(self._plain_index(shard_path, identity)) - 1
         elif fmt in (JSONL_GZ, JSONL_ZST):
-            count = len(self._compressed(shard_path, fmt)[1]) - 1
+            count = len(self._compressed(shard_path, fmt, identity)[1]) - 1
         elif fmt == PARQUET:
-            count = int(self._parquet_meta(shard_path)[1][-1])
+            count = int(self._parquet_meta(shard_path, identity)[1][-1])
         else:
             raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
         with self._lock:
@@ -219,20 +236,21 @@ class ShardCache:
 
         JSONL formats return raw line bytes and ignore ``text_field``; Parquet returns the
         values of column ``text_field``. Raises :class:`DataError` for unreadable files, a
-        missing column or out-of-range rows.
+        missing column or out-of-range rows, and :class:`~.errors.ShardChanged` when the file
+        is no longer the version ``shard`` describes (its :attr:`~.datasets.ShardInfo.identity`).
         """
         idx = np.asarray(rows, dtype=np.int64).reshape(-1)
         if shard.format == JSONL:
-            return self._read_plain(shard.path, idx)
+            return self._read_plain(shard, idx)
         if shard.format in (JSONL_GZ, JSONL_ZST):
-            data, starts = self._compressed(shard.path, shard.format)
+            data, starts = self._compressed(shard.path, shard.format, shard.identity)
             _check_rows(shard.path, idx, len(starts) - 1)
             lo = starts[idx]
             hi = starts[idx + 1] - 1
             with memoryview(data) as view:
                 return [view[a:b].tobytes() for a, b in zip(lo.tolist(), hi.tolist())]
         if shard.format == PARQUET:
-            return self._read_parquet(shard.path, idx, text_field)
+            return self._read_parquet(shard.path, idx, text_field, shard.identity)
         raise DataError(
             f"shard {shard.path}: unknown format {shard.format!r}; supported: {FORMATS}"
         )
@@ -300,29 +318,28 @@ class ShardCache:
 
     # ------------------------------------------------------------------ JSONL
 
-    def _plain_index(self, path: str) -> np.ndarray:
+    def _plain_index(self, path: str, identity: str) -> np.ndarray:
+        """The line index of version ``identity`` of ``path`` (built once per version)."""
         with self._lock:
-            starts = self._line_index.get(path)
-        if starts is not None:
-            return starts
+            entry = self._line_index.get(path)
+        if entry is not None and entry[0] == identity:
+            return entry[1]
         with self._stripe(path):
             with self._lock:
-                starts = self._line_index.get(path)
-            if starts is not None:
-                return starts
-            try:
-                starts = index_lines(path)
-            except OSError as exc:
-                raise DataError(f"cannot read shard {path}: {exc}") from exc
+                entry = self._line_index.get(path)
+            if entry is not None and entry[0] == identity:
+                return entry[1]
+            starts = _checked_load(path, identity, lambda: index_lines(path))
             with self._lock:
-                self._line_index[path] = starts
+                self._line_index[path] = (identity, starts)
                 self.index_builds += 1
                 self.misses += 1
             logger.debug("indexed %s: %d rows", path, len(starts) - 1)
             return starts
 
-    def _read_plain(self, path: str, idx: np.ndarray) -> list[bytes | str | None]:
-        starts = self._plain_index(path)
+    def _read_plain(self, shard: ShardInfo, idx: np.ndarray) -> list[bytes | str | None]:
+        path = shard.path
+        starts = self._plain_index(path, shard.identity)
         _check_rows(path, idx, len(starts) - 1)
         out: list[bytes | str | None] = [None] * len(idx)
         if not len(idx):
@@ -337,6 +354,9 @@ class ShardCache:
         except OSError as exc:
             raise DataError(f"cannot read shard {path}: {exc}") from exc
         try:
+            found = _regular_identity(path, os.fstat(fd))  # one fstat per read call
+            if found != shard.identity:
+                raise _changed(path, shard.identity, found)
             run: list[int] = []
             run_lo = run_hi = 0
             for i in order:
@@ -388,16 +408,19 @@ class ShardCache:
             self._lru_put(key, value, nbytes)
             return value
 
-    def _compressed(self, path: str, fmt: str) -> tuple[bytes | bytearray, np.ndarray]:
-        key = (path, fmt)
+    def _compressed(
+        self, path: str, fmt: str, identity: str
+    ) -> tuple[bytes | bytearray, np.ndarray]:
+        key = (path, fmt, identity)
 
-        def load() -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
+        def decompress() -> bytes | bytearray:
             try:
-                data = _decompress(path, fmt)
+                return _decompress(path, fmt)
             except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
                 raise DataError(f"cannot decompress shard {path} ({fmt}): {exc}") from exc
-            except OSError as exc:
-                raise DataError(f"cannot read shard {path}: {exc}") from exc
+
+        def load() -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
+            data = _checked_load(path, identity, decompress)
             starts = line_starts(data)
             with self._lock:
                 self.misses += 1
@@ -411,63 +434,121 @@ class ShardCache:
 
     # ------------------------------------------------------------------ Parquet
 
-    def _parquet_meta(self, path: str) -> tuple[Any, np.ndarray, Any]:
+    def _parquet_meta(self, path: str, identity: str) -> tuple[Any, np.ndarray, Any]:
         """(FileMetaData, cumulative row-group bounds, arrow schema) of a Parquet shard."""
         with self._lock:
-            meta = self._parquet.get(path)
-        if meta is not None:
-            return meta
+            entry = self._parquet.get(path)
+        if entry is not None and entry[0] == identity:
+            return entry[1]
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        try:
-            pf = pq.ParquetFile(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise DataError(f"cannot read Parquet shard {path}: {exc}") from exc
+        def open_file() -> Any:
+            try:
+                return pq.ParquetFile(path)
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(f"cannot read Parquet shard {path}: {exc}") from exc
+
+        pf = _checked_load(path, identity, open_file)
         md = pf.metadata
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=bounds[1:])
         meta = (md, bounds, pf.schema_arrow)
         with self._lock:
-            self._parquet[path] = meta
+            self._parquet[path] = (identity, meta)
         return meta
 
     def _read_parquet(
-        self, path: str, idx: np.ndarray, text_field: str
+        self, path: str, idx: np.ndarray, text_field: str, identity: str
     ) -> list[bytes | str | None]:
-        md, bounds, schema = self._parquet_meta(path)
+        md, bounds, schema = self._parquet_meta(path, identity)
         _check_field(path, schema, text_field)
         _check_rows(path, idx, int(bounds[-1]))
         groups = np.searchsorted(bounds, idx, side="right") - 1
         out: list[bytes | str | None] = [None] * len(idx)
         idx_l = idx.tolist()
         for rg in np.unique(groups).tolist():
-            values = self._row_group(path, md, rg, text_field)
+            values = self._row_group(path, md, rg, text_field, identity)
             base = int(bounds[rg])
             for i in np.flatnonzero(groups == rg).tolist():
                 out[i] = values[idx_l[i] - base]
         return out
 
-    def _row_group(self, path: str, md: Any, rg: int, text_field: str) -> list[Any]:
-        def load() -> tuple[list[Any], int]:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+    def _row_group(self, path: str, md: Any, rg: int, text_field: str, identity: str) -> list[Any]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
+        def read() -> Any:
             try:
                 pf = pq.ParquetFile(path, metadata=md)
-                column = pf.read_row_group(rg, columns=[text_field]).column(0)
+                return pf.read_row_group(rg, columns=[text_field]).column(0)
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(
                     f"cannot read row group {rg} of Parquet shard {path}: {exc}"
                 ) from exc
+
+        def load() -> tuple[list[Any], int]:
+            column = _checked_load(path, identity, read)
             values = column.to_pylist()
             with self._lock:
                 self.misses += 1
                 self.row_group_reads += 1
             return values, int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values)
 
-        return self._cached((path, PARQUET, text_field, rg), load)  # type: ignore[no-any-return]
+        key = (path, PARQUET, text_field, rg, identity)
+        return self._cached(key, load)  # type: ignore[no-any-return]
+
+
+def _identity_now(path: str) -> str:
+    """The identity of ``path`` as it is now (:class:`DataError` when it cannot be stat'ed)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise DataError(f"cannot read shard {path}: {exc}") from exc
+    return _regular_identity(path, st)
+
+
+def _regular_identity(path: str, st: os.stat_result) -> str:
+    """The identity of a regular file; anything else in a shard's place is unreadable (a
+    plain :class:`DataError`, which ``on_error: skip`` may skip), not a changed file."""
+    if stat_module.S_ISDIR(st.st_mode):
+        raise DataError(
+            f"cannot read shard {path}: {IsADirectoryError(errno.EISDIR, 'Is a directory')}"
+        )
+    if not stat_module.S_ISREG(st.st_mode):
+        raise DataError(f"cannot read shard {path}: not a regular file")
+    return stat_identity(st)
+
+
+def _checked_load(path: str, identity: str, load: Callable[[], _T]) -> _T:
+    """``load()`` of version ``identity`` of ``path``: the file must have that identity before
+    and still after (a change in between is caught by the second ``stat``)."""
+    before = _identity_now(path)
+    if before != identity:
+        raise _changed(path, identity, before)
+    try:
+        value = load()
+    except OSError as exc:
+        raise DataError(f"cannot read shard {path}: {exc}") from exc
+    after = _identity_now(path)
+    if after != before:
+        raise ShardChanged(
+            f"shard {path} changed while it was being read ({describe_change(before, after)}); "
+            "is a writer still writing it? Data files must not change while a server uses "
+            "them: wait until the file is complete, then restart"
+        )
+    return value
+
+
+def _changed(path: str, expected: str, found: str) -> ShardChanged:
+    """The error for a shard read (or counted) as ``expected`` that is now ``found``."""
+    return ShardChanged(
+        f"shard {path} changed after it was indexed ({describe_change(expected, found)}); "
+        "its rows are never read through the index of another version. Data files must not "
+        "change while a server uses them: restore the original file, or restart the server to "
+        "use the new content (a resume onto the changed data is refused: start a new run)"
+    )
 
 
 def _check_field(path: str, schema: Any, text_field: str) -> None:

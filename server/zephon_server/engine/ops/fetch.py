@@ -12,7 +12,7 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from ..errors import DataError
+from ..errors import DataError, ShardChanged
 from ..records import SampleRecord
 from .base import OpContext, Operator
 
@@ -46,8 +46,8 @@ class Fetch(Operator):
             try:
                 values = self._cache.read_rows(shard, rows, info.spec.text_field)
             except DataError as exc:
-                if info.spec.on_error != "skip":
-                    raise
+                if info.spec.on_error != "skip" or isinstance(exc, ShardChanged):
+                    raise  # a changed file is other data, not a bad record: never skipped
                 log.warning("skipping %d rows of unreadable shard: %s", len(positions), exc)
                 for i in positions:
                     out[i] = elems[i].tombstone("read_error")
