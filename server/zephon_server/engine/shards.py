@@ -6,7 +6,10 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
   first time the shard is counted or read; rows are then read with ``pread`` at their offsets
   and the file is never rescanned. Line indexes are kept for the life of the cache.
 * ``.jsonl.gz`` / ``.jsonl.zst``: the whole shard is decompressed once and kept, with its line
-  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted).
+  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted). A shard
+  that does not decompress completely (truncated, trailing garbage, corrupt) is a
+  :class:`~.decompression.IncompleteShardError` when it is first counted, whatever the
+  dataset's ``on_error``: its row count cannot be known.
 * Parquet: row counts come from the footer; rows are read by row group, only the requested
   text column, and decoded row-group columns share the same LRU budget.
 
@@ -17,18 +20,16 @@ Parquet rows are returned as ``str`` (or ``bytes`` for binary columns, ``None`` 
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zstandard
 
+from .decompression import decompress_shard
 from .errors import DataError
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ EXTENSIONS: dict[str, str] = {
 DEFAULT_MAX_BYTES = 1 << 30
 
 _BLOCK = 1 << 24  # bytes scanned per step while indexing
-_PROBE = 1 << 20  # read past a decompressed shard's expected size to find out whether it ends
 _COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
 _MAX_RUN = 1 << 23  # never read more than this in one pread unless a single row is larger
 _LOCK_STRIPES = 64
@@ -108,50 +108,8 @@ def _finish_starts(pieces: list[np.ndarray], size: int, last: int) -> np.ndarray
 
 
 def _decompress(path: str, fmt: str) -> bytes | bytearray:
-    """The whole decompressed content of a gzip or zstd shard (all frames/members).
-
-    A single-frame zstd or single-member gzip shard (what ``zstd`` and ``gzip`` write) is
-    read into one buffer sized from its header (the frame's content size, the trailer's
-    ISIZE), so it is never held twice while decompressed. When the content turns out longer
-    (more frames or members) the rest is read in blocks and joined, as before."""
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        compressed = fh.tell()
-        if fmt == JSONL_GZ:
-            fh.seek(max(compressed - 4, 0))
-            size = int.from_bytes(fh.read(4), "little") if compressed >= 18 else 0
-            fh.seek(0)
-            with gzip.GzipFile(fileobj=fh) as stream:
-                return _read_all(stream, size, compressed)
-        fh.seek(0)
-        try:
-            size = zstandard.frame_content_size(fh.read(18))
-        except zstandard.ZstdError:
-            size = -1
-        fh.seek(0)
-        with zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True) as reader:
-            return _read_all(reader, size, compressed)
-
-
-def _read_all(stream: Any, size: int, compressed: int) -> bytes | bytearray:
-    """Everything ``stream`` yields: into a buffer of ``size`` bytes (a header's word, trusted
-    up to 1024x the ``compressed`` size), then, if more follows, in blocks joined at the end."""
-    buf = bytearray(min(size, 1024 * compressed) if size > 0 else 0)
-    pos = 0
-    while pos < len(buf):
-        with memoryview(buf) as view:  # in steps: GzipFile.readinto reads into a temporary
-            got = stream.readinto(view[pos : pos + _PROBE])
-        if not got:
-            del buf[pos:]  # shorter than its header said (the decompressor checks integrity)
-            return buf
-        pos += got
-    more = stream.read(_PROBE)
-    if not more:
-        return buf
-    parts: list[bytes | bytearray] = [buf, more]
-    while part := stream.read(_BLOCK):
-        parts.append(part)
-    return b"".join(parts)
+    """The whole, verified content of a gzip or zstd shard (see :mod:`.decompression`)."""
+    return decompress_shard(path, fmt)
 
 
 def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
@@ -394,8 +352,6 @@ class ShardCache:
         def load() -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
             try:
                 data = _decompress(path, fmt)
-            except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
-                raise DataError(f"cannot decompress shard {path} ({fmt}): {exc}") from exc
             except OSError as exc:
                 raise DataError(f"cannot read shard {path}: {exc}") from exc
             starts = line_starts(data)
