@@ -16,6 +16,8 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
 A JSONL row is every ``\\n``-terminated line (blank lines included) plus a final unterminated
 non-empty line; it is returned as raw ``bytes`` without the newline, decoding happens later.
 Parquet rows are returned as ``str`` (or ``bytes`` for binary columns, ``None`` for nulls).
+A row larger than the caller's ``max_document_bytes`` comes back as an :class:`Oversized`
+marker instead; for plain JSONL its bytes are not even read (the line index knows its size).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +58,20 @@ _COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
 _MAX_RUN = 1 << 23  # never read more than this in one pread unless a single row is larger
 _LOCK_STRIPES = 64
 _PY_OBJECT_OVERHEAD = 56  # rough size of a small Python str beyond its characters
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """Stands in for a row larger than the ``max_document_bytes`` it was read with.
+
+    ``size`` is the row's length in bytes (a JSONL line without its newline, a Parquet
+    value's UTF-8 or binary length)."""
+
+    size: int
+
+
+#: What a read row is: JSONL bytes, a Parquet value, or the marker of a too-large row.
+Row = bytes | str | None | Oversized
 
 
 def infer_format(path: str) -> str | None:
@@ -171,26 +188,35 @@ class ShardCache:
         return count
 
     def read_rows(
-        self, shard: ShardInfo, rows: Sequence[int], text_field: str
-    ) -> list[bytes | str | None]:
+        self,
+        shard: ShardInfo,
+        rows: Sequence[int],
+        text_field: str,
+        max_document_bytes: int | None = None,
+    ) -> list[Row]:
         """Rows ``rows`` of ``shard`` in the requested order (duplicates allowed).
 
         JSONL formats return raw line bytes and ignore ``text_field``; Parquet returns the
-        values of column ``text_field``. Raises :class:`DataError` for unreadable files, a
-        missing column or out-of-range rows.
+        values of column ``text_field``. A row longer than ``max_document_bytes`` is returned
+        as :class:`Oversized` (a plain JSONL one is never read). Raises :class:`DataError` for
+        unreadable files, a missing column or out-of-range rows.
         """
         idx = np.asarray(rows, dtype=np.int64).reshape(-1)
         if shard.format == JSONL:
-            return self._read_plain(shard.path, idx)
+            return self._read_plain(shard.path, idx, max_document_bytes)
         if shard.format in (JSONL_GZ, JSONL_ZST):
             data, starts = self._compressed(shard.path, shard.format)
             _check_rows(shard.path, idx, len(starts) - 1)
-            lo = starts[idx]
-            hi = starts[idx + 1] - 1
+            lo = starts[idx].tolist()
+            hi = (starts[idx + 1] - 1).tolist()
+            limit = max_document_bytes
             with memoryview(data) as view:
-                return [view[a:b].tobytes() for a, b in zip(lo.tolist(), hi.tolist())]
+                return [
+                    view[a:b].tobytes() if limit is None or b - a <= limit else Oversized(b - a)
+                    for a, b in zip(lo, hi)
+                ]
         if shard.format == PARQUET:
-            return self._read_parquet(shard.path, idx, text_field)
+            return self._read_parquet(shard.path, idx, text_field, max_document_bytes)
         raise DataError(
             f"shard {shard.path}: unknown format {shard.format!r}; supported: {FORMATS}"
         )
@@ -279,15 +305,20 @@ class ShardCache:
             logger.debug("indexed %s: %d rows", path, len(starts) - 1)
             return starts
 
-    def _read_plain(self, path: str, idx: np.ndarray) -> list[bytes | str | None]:
+    def _read_plain(self, path: str, idx: np.ndarray, limit: int | None) -> list[Row]:
         starts = self._plain_index(path)
         _check_rows(path, idx, len(starts) - 1)
-        out: list[bytes | str | None] = [None] * len(idx)
+        out: list[Row] = [None] * len(idx)
         if not len(idx):
             return out
         lo = starts[idx]
         hi = starts[idx + 1] - 1
-        order = np.argsort(lo, kind="stable").tolist()
+        order = np.argsort(lo, kind="stable")
+        if limit is not None:
+            order = self._mark_oversized(hi - lo, limit, order, out)
+        if not len(order):
+            return out
+        order = order.tolist()
         lo_l = lo.tolist()
         hi_l = hi.tolist()
         try:
@@ -314,6 +345,19 @@ class ShardCache:
         return out
 
     @staticmethod
+    def _mark_oversized(
+        sizes: np.ndarray, limit: int, order: np.ndarray, out: list[Row]
+    ) -> np.ndarray:
+        """Put :class:`Oversized` markers in ``out`` for rows over ``limit``; the read order
+        of the others."""
+        over = sizes > limit
+        if not over.any():
+            return order
+        for i in np.flatnonzero(over).tolist():
+            out[i] = Oversized(int(sizes[i]))
+        return order[~over[order]]
+
+    @staticmethod
     def _pread_run(
         fd: int,
         path: str,
@@ -322,7 +366,7 @@ class ShardCache:
         run_hi: int,
         lo: list[int],
         hi: list[int],
-        out: list[bytes | str | None],
+        out: list[Row],
     ) -> None:
         buf = os.pread(fd, run_hi - run_lo, run_lo) if run_hi > run_lo else b""
         if len(buf) < run_hi - run_lo:
@@ -390,23 +434,31 @@ class ShardCache:
         return meta
 
     def _read_parquet(
-        self, path: str, idx: np.ndarray, text_field: str
-    ) -> list[bytes | str | None]:
+        self, path: str, idx: np.ndarray, text_field: str, limit: int | None
+    ) -> list[Row]:
         md, bounds, schema = self._parquet_meta(path)
         _check_field(path, schema, text_field)
         _check_rows(path, idx, int(bounds[-1]))
         groups = np.searchsorted(bounds, idx, side="right") - 1
-        out: list[bytes | str | None] = [None] * len(idx)
+        out: list[Row] = [None] * len(idx)
         idx_l = idx.tolist()
         for rg in np.unique(groups).tolist():
-            values = self._row_group(path, md, rg, text_field)
+            values, sizes = self._row_group(path, md, rg, text_field)
             base = int(bounds[rg])
             for i in np.flatnonzero(groups == rg).tolist():
                 out[i] = values[idx_l[i] - base]
+            if limit is not None and int(sizes.max(initial=0)) > limit:
+                for i in np.flatnonzero(groups == rg).tolist():
+                    if sizes[idx_l[i] - base] > limit:
+                        out[i] = Oversized(int(sizes[idx_l[i] - base]))
         return out
 
-    def _row_group(self, path: str, md: Any, rg: int, text_field: str) -> list[Any]:
-        def load() -> tuple[list[Any], int]:
+    def _row_group(
+        self, path: str, md: Any, rg: int, text_field: str
+    ) -> tuple[list[Any], np.ndarray]:
+        """A row group's values of ``text_field`` and their sizes in bytes (0 for nulls)."""
+
+        def load() -> tuple[tuple[list[Any], np.ndarray], int]:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
@@ -418,12 +470,28 @@ class ShardCache:
                     f"cannot read row group {rg} of Parquet shard {path}: {exc}"
                 ) from exc
             values = column.to_pylist()
+            sizes = _value_sizes(column, values)
             with self._lock:
                 self.misses += 1
                 self.row_group_reads += 1
-            return values, int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values)
+            nbytes = int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values) + sizes.nbytes
+            return (values, sizes), nbytes
 
         return self._cached((path, PARQUET, text_field, rg), load)  # type: ignore[no-any-return]
+
+
+def _value_sizes(column: Any, values: list[Any]) -> np.ndarray:
+    """Bytes of each value of a string/binary column (UTF-8 length for text, 0 for nulls)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        return np.asarray(pc.binary_length(column).fill_null(0).to_numpy(), dtype=np.int64)
+    except pa.ArrowNotImplementedError:  # e.g. string_view columns
+        return np.array(
+            [0 if v is None else len(v.encode() if isinstance(v, str) else v) for v in values],
+            dtype=np.int64,
+        )
 
 
 def _check_field(path: str, schema: Any, text_field: str) -> None:
