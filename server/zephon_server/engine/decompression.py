@@ -22,7 +22,6 @@ never held twice; content beyond the header's word (more frames or members) is j
 
 from __future__ import annotations
 
-import logging
 import os
 import zlib
 from typing import BinaryIO
@@ -30,8 +29,6 @@ from typing import BinaryIO
 import zstandard
 
 from .errors import DataError
-
-logger = logging.getLogger(__name__)
 
 GZIP = "jsonl.gz"
 ZSTD = "jsonl.zst"
