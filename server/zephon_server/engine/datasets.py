@@ -24,6 +24,8 @@ from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 logger = logging.getLogger(__name__)
 
 ON_ERROR_POLICIES: tuple[str, ...] = ("fail", "skip")
+#: The default ``max_document_bytes``: 64 MiB.
+DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
 EXHAUSTION_POLICIES: tuple[str, ...] = ("stop", "repeat")
 _GLOB_CHARS = frozenset("*?[")
 
@@ -41,7 +43,8 @@ class DatasetSpec:
     hidden files skipped), a single file, or a glob pattern (``**`` allowed); relative paths
     resolve against the ``base_dir`` given to :func:`resolve_datasets`. ``format`` overrides
     the format inferred from each file's extension (use a glob to select files whose names do
-    not carry a supported extension).
+    not carry a supported extension). ``max_document_bytes`` bounds one document (a JSONL line,
+    a Parquet value); a larger one is a data error under ``on_error``.
     """
 
     name: str
@@ -51,6 +54,7 @@ class DatasetSpec:
     on_error: str = "fail"
     exhaustion: str = "stop"
     format: str | None = None
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -90,6 +94,12 @@ class DatasetSpec:
             raise ConfigError(
                 f"{who}: format must be one of {list(FORMATS)} or None (infer from the "
                 f"extension), got {self.format!r}"
+            )
+        limit = self.max_document_bytes
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(
+                f"{who}: max_document_bytes must be an integer >= 1, got {limit!r} (the largest "
+                f"document in bytes; default {DEFAULT_MAX_DOCUMENT_BYTES})"
             )
 
 

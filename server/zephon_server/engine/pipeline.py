@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .datasets import DatasetSpec
+from .datasets import DEFAULT_MAX_DOCUMENT_BYTES, DatasetSpec
 from .errors import ConfigError
 from .execution import ExecutionConfig
 from .ops import OPERATORS, Operator
@@ -148,6 +148,10 @@ def fingerprint_document(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> di
                 ],
             }
         )
+        # Added after fingerprints were in use: only a non-default value enters, so existing
+        # pipelines (and their checkpoints) keep their fingerprint.
+        if spec.max_document_bytes != DEFAULT_MAX_DOCUMENT_BYTES:
+            datasets[-1]["max_document_bytes"] = spec.max_document_bytes
     return {
         "version": FINGERPRINT_VERSION,
         "seed": pipeline.seed,

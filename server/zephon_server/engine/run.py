@@ -31,8 +31,9 @@ from .work_source import WorkSource
 
 log = logging.getLogger(__name__)
 
-#: Tombstone reasons that mean "a malformed or unreadable record was skipped".
-SKIP_REASONS = ("malformed", "read_error")
+#: Tombstone reasons that mean "a bad record was skipped" (``on_error: skip``): it could not
+#: be decoded, read or tokenized, or it is larger than the dataset's ``max_document_bytes``.
+SKIP_REASONS = ("malformed", "read_error", "tokenize_error", "too_large")
 
 
 def make_runner(

@@ -202,7 +202,8 @@ class EngineCollector(Collector):
         yield replayed
         skipped = CounterMetricFamily(
             "zephon_records_skipped",
-            "Malformed or unreadable records skipped (on_error: skip)",
+            "Records skipped under on_error: skip (malformed, read_error, tokenize_error, "
+            "too_large)",
             labels=["dataset"],
         )
         for dataset, n in run_stats.get("skipped", {}).items():
@@ -211,7 +212,7 @@ class EngineCollector(Collector):
         dropped = CounterMetricFamily(
             "zephon_records_dropped",
             "Records closed without tokens, by dataset and reason (malformed, read_error, "
-            "empty, filtered, oversized, dropped_last...)",
+            "tokenize_error, too_large, empty, filtered, oversized, dropped_last...)",
             labels=["dataset", "reason"],
         )
         for (dataset, reason), n in sorted(dict(run.tombstones).items()):
