@@ -269,7 +269,8 @@ def test_an_oversized_plain_jsonl_row_is_never_read(tmp_path, monkeypatch):
         return real_pread(fd, n, offset)
 
     monkeypatch.setattr(shards_mod.os, "pread", pread)
-    shard = ShardInfo(str(path), "jsonl", path.stat().st_size, 24)
+    st = path.stat()
+    shard = ShardInfo(str(path), "jsonl", st.st_size, 24, st.st_mtime_ns)
     got = ShardCache().read_rows(shard, [11, 12, 13], "text", max_document_bytes=LIMIT)
     assert got[1] == Oversized(BIG + len('{"text": ""}'))
     assert [json.loads(got[i])["text"] for i in (0, 2)] == [text[11], text[13]]  # type: ignore[arg-type]
