@@ -16,9 +16,9 @@ import hashlib
 import hmac
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .errors import ConfigError
+from .user_files import read_user_file
 
 MIN_BYTES = 16
 """The shortest key accepted (128 bits)."""
@@ -54,16 +54,7 @@ class CheckpointKey:
     def from_file(cls, path: str | os.PathLike[str]) -> CheckpointKey:
         """The key in file ``path``; :class:`ConfigError` naming the file when it cannot be."""
         source = f"--checkpoint-key-file {str(path)!r}"
-        try:
-            data = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise ConfigError(f"{source}: the file does not exist") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{source}: is a directory, not a key file") from None
-        except OSError as exc:
-            raise ConfigError(
-                f"{source}: cannot read it ({exc.strerror}); check its owner and mode"
-            ) from None
+        data = read_user_file("--checkpoint-key-file", path, "a key file")
         return cls.from_text(data, source)
 
     def sign(self, data: bytes) -> bytes:

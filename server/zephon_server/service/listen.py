@@ -14,9 +14,9 @@ import errno
 import re
 import socket
 import ssl
-from pathlib import Path
 
 from ..engine.errors import ZephonError
+from ..engine.user_files import read_user_file
 
 _CERT = b"-----BEGIN CERTIFICATE-----"
 _KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )?PRIVATE KEY-----")
@@ -24,16 +24,7 @@ _ENCRYPTED = re.compile(rb"-----BEGIN ENCRYPTED PRIVATE KEY-----|Proc-Type: *4, 
 
 
 def _read(flag: str, path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ZephonError(f"{flag} {path!r}: the file does not exist") from None
-    except IsADirectoryError:
-        raise ZephonError(f"{flag} {path!r}: is a directory, not a PEM file") from None
-    except OSError as exc:
-        raise ZephonError(
-            f"{flag} {path!r}: cannot read it ({exc.strerror}); check its owner and mode"
-        ) from None
+    return read_user_file(flag, path, "a PEM file")
 
 
 def _no_password() -> str:
