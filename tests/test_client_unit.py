@@ -25,6 +25,7 @@ from zephon_client import (
     CHAIN_SEED,
     ChainMismatch,
     DataClient,
+    PipelineMismatch,
     ZephonClientError,
     merge_state_dicts,
     wire,
@@ -532,8 +533,11 @@ def test_server_restart_on_the_same_port_is_survived():
             holder["server"].close()
 
 
-def test_a_forked_stream_after_reconnect_raises_chain_mismatch():
-    with fake({0: 6, 1: 6}) as (service, address), client(address) as c:
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_forked_stream_after_reconnect_raises_chain_mismatch(verify):
+    """The first batch after a reconnection must continue the consumed chain, also without
+    ``verify`` (one hash of two digests per call)."""
+    with fake({0: 6, 1: 6}) as (service, address), client(address, verify=verify) as c:
         service.fail_after[0] = 2
         service.fork_on_fail = True
         got = []
@@ -542,6 +546,43 @@ def test_a_forked_stream_after_reconnect_raises_chain_mismatch():
                 got.append(batch)
         assert (info.value.lane, info.value.seq) == (0, 2)
         assert ids(got) == round_robin({0: 6, 1: 6})[:4]
+
+
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize("change", ["fingerprint", "lanes"])
+def test_a_server_restarted_with_another_pipeline_stops_the_client(verify, change):
+    """The restarted server sends the very same batches (only its GetInfo differs), so only
+    the check on reconnection can tell; the client must not go on with another pipeline.
+    The lanes are longer than the fake's send window, so they cannot end before the swap."""
+    lengths = {0: 3 * WINDOW, 1: 3 * WINDOW}
+    swapped = (
+        {"fingerprint": "5ca1ab1e"} if change == "fingerprint" else {"num_lanes": 4}
+    )  # lanes 0 and 1 still served: only the lane count differs
+    stack = contextlib.ExitStack()
+    address = stack.enter_context(serve(FakeService(lengths)))
+    port = int(address.rsplit(":", 1)[1])
+    again = contextlib.ExitStack()
+    try:
+        with client(address, verify=verify) as c:
+            it = iter(c)
+            got = take(it, 3)
+            stack.close()  # the server goes away; another pipeline comes up on its port
+            again.enter_context(serve(FakeService(lengths, **swapped), port))
+            with pytest.raises(PipelineMismatch) as info:
+                got += list(it)
+            assert ids(got) == round_robin(lengths)[: len(got)]
+            err = info.value
+            assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert err.address == address
+            assert (err.expected_fingerprint, err.expected_lanes) == (FINGERPRINT, 2)
+            found = ("5ca1ab1e", 2) if change == "fingerprint" else (FINGERPRINT, 4)
+            assert (err.found_fingerprint, err.found_lanes) == found
+            assert "now serves another pipeline" in str(err)
+            assert "Restart the trainer from a checkpoint" in str(err)
+            with pytest.raises(PipelineMismatch):
+                c.checkpoint()  # it would not resume this client's stream
+    finally:
+        again.close()
 
 
 def test_a_wrong_chain_digest_raises_chain_mismatch_in_order():

@@ -66,7 +66,10 @@ def worker_threshold(env_value: str | None) -> tuple[int, ...]:
             os.environ[gc_policy.ENV] = env_value
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(
-            1, mp_context=ctx, initializer=processes._init_worker, initargs=([], [])
+            1,
+            mp_context=ctx,
+            initializer=processes._init_worker,
+            initargs=processes._initargs([], [], None),
         ) as pool:
             return tuple(pool.submit(gc.get_threshold).result(timeout=60))
     finally:

@@ -16,7 +16,7 @@ import zstandard
 from zephon_server.engine import shards as shards_mod
 from zephon_server.engine.corpus import write_jsonl, write_parquet
 from zephon_server.engine.datasets import ShardInfo
-from zephon_server.engine.errors import DataError
+from zephon_server.engine.errors import DataError, ShardChanged
 from zephon_server.engine.shards import ShardCache, index_lines, infer_format, line_starts
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,7 +43,8 @@ def naive_lines(data: bytes) -> list[bytes]:
 
 
 def shard(path: Path, fmt: str) -> ShardInfo:
-    return ShardInfo(str(path), fmt, path.stat().st_size, -1)
+    st = path.stat()
+    return ShardInfo(str(path), fmt, st.st_size, -1, st.st_mtime_ns)
 
 
 def write_fmt(tmp_path: Path, fmt: str, rows: list[str]) -> Path:
@@ -248,25 +249,29 @@ def test_missing_file_raises_data_error(tmp_path: Path, fmt: str) -> None:
     with pytest.raises(DataError, match=str(path)):
         cache.num_rows(str(path), fmt)
     with pytest.raises(DataError, match=str(path)):
-        cache.read_rows(ShardInfo(str(path), fmt, 0, 1), [0], "text")
+        cache.read_rows(ShardInfo(str(path), fmt, 0, 1, 0), [0], "text")
 
 
 def test_vanished_file_after_indexing(tmp_path: Path) -> None:
     path = write_fmt(tmp_path, "jsonl", ROWS)
     cache = ShardCache()
+    indexed = shard(path, "jsonl")
     cache.num_rows(str(path), "jsonl")
     path.unlink()
     with pytest.raises(DataError, match=f"{path}.*No such file"):
-        cache.read_rows(ShardInfo(str(path), "jsonl", 0, len(ROWS)), [1], "t")
+        cache.read_rows(indexed, [1], "t")
 
 
 def test_truncated_file_after_indexing(tmp_path: Path) -> None:
+    """A shorter file is caught by the identity check before any pread (the pread's own
+    "shorter than when it was indexed" check is left for a truncation racing the fstat)."""
     path = write_fmt(tmp_path, "jsonl", ROWS)
     cache = ShardCache()
+    indexed = shard(path, "jsonl")
     cache.num_rows(str(path), "jsonl")
     path.write_bytes(b"short\n")
-    with pytest.raises(DataError, match="shorter than when it was indexed"):
-        cache.read_rows(ShardInfo(str(path), "jsonl", 0, len(ROWS)), [len(ROWS) - 1], "t")
+    with pytest.raises(ShardChanged, match=rf"shard {path} changed after .*size \d+ -> 6 bytes"):
+        cache.read_rows(indexed, [len(ROWS) - 1], "t")
 
 
 @pytest.mark.parametrize("fmt", ["jsonl.gz", "jsonl.zst"])

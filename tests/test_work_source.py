@@ -35,7 +35,7 @@ def make_datasets(
     for i, (rows, w, ex) in enumerate(zip(shard_rows, weights, exhaustion)):
         spec = DatasetSpec(name=f"d{i}", path=f"/data/d{i}", weight=w, exhaustion=ex)
         shards = tuple(
-            ShardInfo(f"/data/d{i}/{s}.jsonl", "jsonl", 0, n) for s, n in enumerate(rows)
+            ShardInfo(f"/data/d{i}/{s}.jsonl", "jsonl", 0, n, 0) for s, n in enumerate(rows)
         )
         out.append(DatasetInfo(spec=spec, index=i, shards=shards))
     return out

@@ -70,6 +70,10 @@ DATASET = {
     "order.",
     "format": "Override the format inferred from the extension (use with a glob for files "
     "without a supported extension).",
+    "max_document_bytes": "The largest document in bytes (a JSONL line without its newline, a "
+    "Parquet value's UTF-8 or binary length), >= 1. A larger one follows `on_error`: `fail` "
+    "stops naming file, line, size and limit; `skip` drops it as `too_large` (a plain JSONL "
+    "line that long is not even read).",
 }
 
 EXECUTION = {

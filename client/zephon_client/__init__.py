@@ -4,7 +4,8 @@ Installs with grpcio, protobuf and numpy only; it never imports the server's eng
 
 * :class:`DataClient`: iterate it to get a rank's :class:`Batch` objects (numpy arrays) in
   strict round-robin over its lanes; ``state_dict``/``load_state_dict``, ``checkpoint``/
-  ``resume``; reconnects on ``UNAVAILABLE`` and verifies chain digests; ``lane_ends`` has each
+  ``resume``; reconnects on ``UNAVAILABLE`` and verifies chain digests, and stops with
+  :class:`PipelineMismatch` when a server now serves another pipeline; ``lane_ends`` has each
   ended lane's :class:`LaneEnd` (documents closed after its last batch).
 * :func:`merge_state_dicts`: union of several ranks' states (resume with another rank count).
 * :func:`lanes_for_rank`: the rank → lanes mapping.
@@ -14,7 +15,7 @@ Installs with grpcio, protobuf and numpy only; it never imports the server's eng
 
 from .channel import AUTH_TOKEN_ENV, DEFAULT_CHANNEL_OPTIONS, TLSConfig
 from .client import Batch, CheckpointInfo, DataClient
-from .errors import ZephonClientError
+from .errors import PipelineMismatch, ZephonClientError
 from .mapping import lanes_for_rank
 from .state import merge_state_dicts
 from .wire import CHAIN_SEED, ChainMismatch, ClosedDocument, DecodedBatch, LaneEnd, WireError
@@ -32,6 +33,7 @@ __all__ = [
     "DataClient",
     "DecodedBatch",
     "LaneEnd",
+    "PipelineMismatch",
     "TLSConfig",
     "WireError",
     "ZephonClientError",

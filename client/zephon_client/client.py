@@ -41,6 +41,14 @@ Reconnecting
     ``reconnect_timeout`` seconds; the first batch after the gap must chain from the last
     consumed chain digest. Other status codes raise
     :class:`~zephon_client.errors.ZephonClientError` with the server's message.
+
+Same pipeline or stop
+    Every stream the client opens (the first and each reconnection) first asks the server's
+    ``GetInfo`` and raises :class:`~zephon_client.errors.PipelineMismatch` when the server now
+    serves another pipeline (fingerprint or lane count differs from the construction's), and
+    each stream's first batch must continue the lane's consumed chain digest; both hold with
+    ``verify=False`` too (see :mod:`~zephon_client.identity`). :meth:`DataClient.checkpoint`
+    checks the same before asking for a checkpoint.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from zephon_proto.v1 import data_service_pb2 as pb
 
 from .channel import DEFAULT_CHANNEL_OPTIONS, Endpoint, TLSConfig, auth_metadata
 from .errors import ZephonClientError
+from .identity import PipelineIdentity
 from .mapping import lanes_for_rank
 from .state import STATE_VERSION, parse_state
 from .stream import (
@@ -149,7 +158,9 @@ class DataClient:
 
     ``consumer`` names this reader to the server (default ``"rank<rank>"``); peers that read
     the same lanes must use distinct names. ``verify`` checks every batch's content and chain
-    digests (:class:`~zephon_client.wire.ChainMismatch` on a mismatch). ``auth_token``
+    digests (:class:`~zephon_client.wire.ChainMismatch` on a mismatch); with or without it,
+    a server that now serves another pipeline raises
+    :class:`~zephon_client.errors.PipelineMismatch` when a stream is (re)opened. ``auth_token``
     (default: ``$ZEPHON_AUTH_TOKEN``) is sent as ``authorization: Bearer <token>``; ``tls``
     makes the channels TLS/mTLS. ``reconnect_timeout`` bounds how long ``UNAVAILABLE`` is
     retried (streams and unary calls); ``rpc_timeout`` is the deadline of unary calls;
@@ -222,8 +233,9 @@ class DataClient:
                 endpoint.info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
             self._check_servers()
             info = self._endpoints[0].info
-            self._num_lanes = int(info.num_lanes)
-            self._fingerprint = info.fingerprint
+            self._identity = PipelineIdentity.of(info)
+            self._num_lanes = self._identity.num_lanes
+            self._fingerprint = self._identity.fingerprint
             self._lanes = lanes_for_rank(
                 rank,
                 world_size,
@@ -376,7 +388,9 @@ class DataClient:
 
         ``positions`` (lane → next_seq) defaults to this client's consumed positions; lanes not
         given take the server's acknowledged positions. With several servers, ``address``
-        picks one; without it the positions' lanes must all be served by one server.
+        picks one; without it the positions' lanes must all be served by one server. A server
+        that now serves another pipeline raises :class:`~zephon_client.errors.PipelineMismatch`
+        (its checkpoint would not resume this stream).
         """
         if positions is None:
             with self._lock:
@@ -386,6 +400,8 @@ class DataClient:
         else:
             wanted = {int(lane): int(seq) for lane, seq in positions.items()}
             endpoint = self._checkpoint_endpoint(wanted, address)
+        info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
+        self._identity.check(info, address=endpoint.address)
         request = pb.CheckpointRequest(
             positions=[
                 pb.LanePosition(lane=lane, next_seq=seq) for lane, seq in sorted(wanted.items())
@@ -565,6 +581,8 @@ class DataClient:
             prefetch=self.prefetch,
             batches_per_message=self.batches_per_message,
             shared_memory=self.shared_memory,
+            expect=self._identity,
+            info_timeout=self.rpc_timeout,
         )
 
     def _next_item(self, run: _Run, lane: int) -> _Item | None:

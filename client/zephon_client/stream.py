@@ -16,8 +16,9 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from . import io_loop
 from .errors import ZephonClientError
+from .identity import PipelineIdentity
 from .ring import open_ring, reply
-from .wire import ChainMismatch, DecodedBatch, content_digest, decode_batch
+from .wire import ChainMismatch, DecodedBatch, chain_digest, content_digest, decode_batch
 from .wire import verify as verify_batch
 
 logger = logging.getLogger(__name__)
@@ -62,9 +63,16 @@ class LaneStream:
     the first batch's chain becomes the base), and hands :class:`_Item` objects to the
     consumer through a mailbox of ``prefetch`` slots. With ``shared_memory`` it accepts the
     server's shared-memory ring when it can map it (:mod:`~zephon_client.ring`). ``stub`` is
-    a ``grpc.aio`` stub made on that loop. :meth:`ack` acknowledges (coalesced, see there);
-    :meth:`leave` ends the call politely (pending Ack sent first); :meth:`close` cancels it and
-    waits for the coroutine to finish.
+    a ``grpc.aio`` stub made on that loop.
+
+    With ``expect``, the call first asks the server's ``GetInfo`` (deadline ``info_timeout``)
+    and fails with :class:`~zephon_client.errors.PipelineMismatch` unless it reports that
+    pipeline (:mod:`~zephon_client.identity`). Whatever ``verify`` says, the call's first batch
+    (or EndOfStream) must continue ``previous_chain`` when it is known: one 64-byte hash per
+    call, which a stream of another pipeline cannot pass.
+
+    :meth:`ack` acknowledges (coalesced, see there); :meth:`leave` ends the call politely
+    (pending Ack sent first); :meth:`close` cancels it and waits for the coroutine to finish.
     """
 
     def __init__(
@@ -81,12 +89,16 @@ class LaneStream:
         prefetch: int = 4,
         batches_per_message: int = BATCHES_PER_MESSAGE,
         shared_memory: bool = True,
+        expect: PipelineIdentity | None = None,
+        info_timeout: float | None = None,
     ) -> None:
         self.address = address
         self.lane = lane
         self.start_seq = start_seq
         self.received = 0
         self._verify = verify
+        self._expect = expect
+        self._info_timeout = info_timeout
         self._previous_chain = previous_chain
         self._metadata = tuple(metadata)
         self._open = pb.StreamBatchesRequest(
@@ -212,6 +224,11 @@ class LaneStream:
         ended = False
         self._task = asyncio.current_task()
         try:
+            if self._expect is not None:
+                info = await stub.GetInfo(
+                    pb.GetInfoRequest(), metadata=self._metadata, timeout=self._info_timeout
+                )
+                self._expect.check(info, address=self.address, lane=self.lane)
             self._call = stub.StreamBatches(self._request_iterator(), metadata=self._metadata)
             if self._cancelled.is_set():
                 self._call.cancel()
@@ -276,7 +293,8 @@ class LaneStream:
                         f"EndOfStream at next_seq {end.next_seq}, expected {self._expected}"
                     )
                 chain = self._chain
-                if self._verify and chain is not None and end.chain_digest != chain:
+                checked = self._verify or self.received == 0  # the call's first message
+                if checked and chain is not None and end.chain_digest != chain:
                     raise ChainMismatch(
                         self.lane,
                         end.next_seq,
@@ -307,6 +325,13 @@ class LaneStream:
                     )
             else:
                 verify_batch(batch, self._chain)
+        elif self.received == 0 and self._chain is not None:
+            # The seam: the call's first batch must continue the consumed chain.
+            linked = chain_digest(self._chain, batch.digest)
+            if linked != batch.chain_digest:
+                raise ChainMismatch(
+                    batch.lane, batch.seq, "chain digest", linked, batch.chain_digest
+                )
         self._chain = batch.chain_digest
         self._expected += 1
         self.received += 1

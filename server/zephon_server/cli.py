@@ -3,25 +3,37 @@
 ``zephon explain --config F`` prints the plan. ``zephon dump --config F`` runs the pipeline
 in-process and prints the first N batches of each selected lane as text, JSON lines, or
 digest lines ``<lane> <seq> <chain_digest_hex>``.
+
+The module imports little at the top: ``zephon serve`` handles SIGTERM/SIGINT from the start
+of :func:`main` (:mod:`.stop_signals`), so the heavy imports come after that, inside the
+commands.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from .allocator import ensure_allocator
 from .engine.errors import ZephonError
-from .engine.execution import RUNNERS, ExecutionConfig
-from .engine.pipeline import Pipeline
-from .engine.records import SampleBatch
+from .stop_signals import StartupInterrupted, StopSignals
+
+if TYPE_CHECKING:
+    from .engine.checkpoint_key import CheckpointKey
+    from .engine.execution import ExecutionConfig
+    from .engine.pipeline import Pipeline
+    from .engine.records import SampleBatch
 
 log = logging.getLogger("zephon")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def parse_lanes(text: str | None) -> list[int] | None:
@@ -43,6 +55,8 @@ def parse_lanes(text: str | None) -> list[int] | None:
 
 def load_pipeline(args: argparse.Namespace) -> tuple[Pipeline, ExecutionConfig]:
     """The pipeline named by --config or --pipeline, or the embedded default."""
+    from .engine.execution import ExecutionConfig
+
     if getattr(args, "config", None) and getattr(args, "pipeline", None):
         raise ZephonError("give either --config or --pipeline, not both")
     if getattr(args, "config", None):
@@ -83,6 +97,9 @@ def _import_path(spec: str) -> str:
 
 
 def _python_pipeline(fn: Any) -> tuple[Pipeline, ExecutionConfig]:
+    from .engine.execution import ExecutionConfig
+    from .engine.pipeline import Pipeline
+
     result = fn()
     if isinstance(result, tuple):
         pipeline, execution = result
@@ -121,16 +138,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    from .engine.records import SampleBatch
+    from .engine.run import PipelineRun
+
+    key = checkpoint_key_from_args(args)
     pipeline, execution = load_pipeline(args)
     lanes = parse_lanes(args.lanes)
     plan = pipeline.plan(execution)
-    from .engine.run import PipelineRun
 
     resume = None
     if args.resume_state:
         from .engine.checkpoint import read_state_file
 
-        resume = read_state_file(args.resume_state)
+        resume = read_state_file(args.resume_state, key)
     run = PipelineRun(plan, lanes=lanes, resume=resume)
     wanted = args.batches
     counts = dict.fromkeys(run.lanes, 0)
@@ -158,9 +178,13 @@ def cmd_dump(args: argparse.Namespace) -> int:
     run.close()
     if args.save_state:
         from .engine.checkpoint import write_atomic
+        from .engine.manifest import ShardManifest, manifest_dir, save_manifest
 
         positions = {lane: run.logs[lane].start.next_seq + n for lane, n in counts.items()}
-        write_atomic(args.save_state, run.checkpoint(positions).encode())
+        # The shard manifest first (next to the file): a refused resume then names the shard.
+        manifest = ShardManifest.of(plan.fingerprint, plan.datasets)
+        save_manifest(manifest_dir(Path(args.save_state).absolute().parent), manifest)
+        write_atomic(args.save_state, run.checkpoint(positions).encode(key))
         log.info("saved resume state at %s to %s", positions, args.save_state)
     return 0
 
@@ -200,12 +224,52 @@ def cmd_run_default(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve the pipeline over gRPC until SIGTERM."""
+def cmd_serve(args: argparse.Namespace, signals: StopSignals | None = None) -> int:
+    """Serve the pipeline over gRPC until SIGTERM (``signals``: see :func:`main`)."""
     from .service.server import serve
 
     pipeline, execution = load_pipeline(args)
-    return serve(args, pipeline, execution)
+    return serve(args, pipeline, execution, signals)
+
+
+CHECKPOINT_KEY_ENV = "ZEPHON_CHECKPOINT_KEY"
+"""Environment variable holding the checkpoint key (``--checkpoint-key-file`` wins)."""
+
+
+def checkpoint_key_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> CheckpointKey | None:
+    """The checkpoint key ``--checkpoint-key-file`` or ``ZEPHON_CHECKPOINT_KEY`` gives (the
+    flag wins), or None: checkpoints are then written unsigned and read unverified."""
+    from .engine.checkpoint_key import CheckpointKey
+
+    env = os.environ if environ is None else environ
+    path = getattr(args, "checkpoint_key_file", None)
+    if path:
+        return CheckpointKey.from_file(path)
+    text = env.get(CHECKPOINT_KEY_ENV, "")
+    if text.strip():
+        return CheckpointKey.from_text(text, CHECKPOINT_KEY_ENV)
+    return None
+
+
+def cmd_sign_checkpoint(args: argparse.Namespace) -> int:
+    """Sign an intact checkpoint file with the key, for servers that require signatures."""
+    from .engine.checkpoint import UnsignedCheckpoint, read_state_file, write_atomic
+
+    key = checkpoint_key_from_args(args)
+    if key is None:
+        raise ZephonError(
+            f"sign-checkpoint needs the key: --checkpoint-key-file PATH or {CHECKPOINT_KEY_ENV}"
+        )
+    try:
+        state = read_state_file(args.input, key)  # signed with this key already
+    except UnsignedCheckpoint:
+        state = read_state_file(args.input)  # intact (checksum), now signed
+    output = args.output or args.input
+    write_atomic(output, state.encode(key))
+    print(f"signed {args.input} -> {output} (key from {key.source})")
+    return 0
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -223,8 +287,20 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def checkpoint_key_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--checkpoint-key-file`` for a command that reads or writes checkpoint files."""
+    p.add_argument(
+        "--checkpoint-key-file",
+        default=None,
+        metavar="PATH",
+        help=f"the checkpoint key to {what} (HMAC-SHA256; or set {CHECKPOINT_KEY_ENV})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every sub-command."""
+    from .engine.execution import RUNNERS
+
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -246,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("text", "json", "digest"), default="text")
     p.add_argument("--save-state", metavar="FILE", help="write the resume state after the dump")
     p.add_argument("--resume-state", metavar="FILE", help="continue each lane from a state file")
+    checkpoint_key_arg(p, "sign --save-state and require --resume-state signed with")
     p.set_defaults(func=cmd_dump)
 
     p = sub.add_parser("serve", help="serve the pipeline over gRPC")
@@ -263,6 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-decode", action="store_true", help="print token ids, not text")
     p.set_defaults(func=cmd_tail)
 
+    p = sub.add_parser(
+        "sign-checkpoint", help="sign a checkpoint file with the checkpoint key (HMAC-SHA256)"
+    )
+    p.add_argument("input", metavar="FILE", help="an intact checkpoint file")
+    p.add_argument("output", nargs="?", help="where to write it signed (default: in place)")
+    checkpoint_key_arg(p, "sign with")
+    p.set_defaults(func=cmd_sign_checkpoint)
+
     p = sub.add_parser("run-default", help="run a pipeline in-process with throughput logs")
     pipeline_args(p)
     p.add_argument("--batches", type=int, default=400, help="stop after N batches (0: all)")
@@ -271,22 +356,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``zephon`` command."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    """Entry point of the ``zephon`` command.
+
+    For ``serve``, SIGTERM/SIGINT are handled from the first line (see :mod:`.stop_signals`):
+    one during the start-up stops it and exits 0, never a traceback or status -15.
+    """
+    signals = None
     try:
-        if argv is None and args.command == "serve":
-            # Run as a program: may re-execute itself with a faster malloc (allocator.py).
-            ensure_allocator(args.allocator)
+        signals = _stop_signals(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT
+        )
+        if args.command == "serve":
+            if argv is None:
+                # Run as a program: may re-execute itself with a faster malloc (allocator.py);
+                # a stop signal meanwhile stays pending for the new image.
+                from .allocator import ensure_allocator
+
+                with signals.blocked() if signals else contextlib.nullcontext():
+                    ensure_allocator(args.allocator)
+            return cmd_serve(args, signals)
         return int(args.func(args))
     except ZephonError as exc:
         print(f"zephon: error: {exc}", file=sys.stderr)
         return 2
+    except StartupInterrupted as exc:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # no-op once configured
+        log.info("received %s during start-up; stopped before serving", exc.name)
+        return 0
     except BrokenPipeError:
         return 0
+
+
+def _stop_signals(argv: Sequence[str]) -> StopSignals | None:
+    """Stop-signal handling for ``serve`` run from the main thread (None otherwise)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command != "serve" or threading.current_thread() is not threading.main_thread():
+        return None
+    return StopSignals.install()
 
 
 if __name__ == "__main__":

@@ -7,11 +7,17 @@ boundary: the boundary's lane chunk id and the work-source state there, the repl
 stored: the work source regenerates them.
 
 File format: ``MAGIC`` (8 bytes), format version (u16 little-endian), sha256 of the payload
-(32 bytes), payload (UTF-8 JSON). No pickles.
+(32 bytes), payload (UTF-8 JSON). No pickles. A signed checkpoint (written with a
+:class:`~.checkpoint_key.CheckpointKey`) has version :data:`SIGNED_VERSION` and the
+HMAC-SHA256 of magic, version and payload (32 bytes) between the checksum and the payload; the
+payload is the same. So an unsigned file is recognisable as such, and an older server refuses a
+signed one as "newer" instead of misreading it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -21,17 +27,23 @@ import struct
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_key import MAC_BYTES, CheckpointKey
 from .errors import ZephonError
+from .manifest import COPY_HINT, ShardManifest, describe_data_change, manifest_dir
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"ZEPHONCK"
 FORMAT_VERSION = 1
+SIGNED_VERSION = 2
+"""The header version of a signed checkpoint (its payload is a :data:`FORMAT_VERSION` one)."""
 _HEADER = struct.Struct("<8sH32s")
+_VERSION = struct.Struct("<H")
 
 
 class CheckpointError(ZephonError):
@@ -44,6 +56,40 @@ class CorruptCheckpoint(CheckpointError):
 
 class IncompatibleCheckpoint(CheckpointError):
     """The checkpoint belongs to another pipeline or a newer format (FAILED_PRECONDITION)."""
+
+
+class UnreadableCheckpoint(CorruptCheckpoint):
+    """The checkpoint's file cannot be read: a directory, no permission, an I/O error."""
+
+
+class UntrustedCheckpoint(CheckpointError):
+    """Unsigned, or signed with another key, on a server that has a checkpoint key
+    (PERMISSION_DENIED on the wire)."""
+
+
+class UnsignedCheckpoint(UntrustedCheckpoint):
+    """The checkpoint carries no signature, and this server requires one."""
+
+
+class BadSignature(UntrustedCheckpoint):
+    """The checkpoint's signature is not this key's: forged, or signed with another key."""
+
+
+class NoUsableCheckpoint(CheckpointError):
+    """``--resume latest``: checkpoint files exist but every one tried was refused."""
+
+
+class CheckpointNotSaved(CheckpointError):
+    """The state directory refused the checkpoint file (an ``OSError`` writing it); nothing
+    was saved and the server goes on serving (UNAVAILABLE on the wire)."""
+
+
+class NoSpaceForCheckpoint(CheckpointNotSaved):
+    """The state directory's filesystem is full (``ENOSPC``/``EDQUOT``; RESOURCE_EXHAUSTED)."""
+
+
+class StateDirNotWritable(CheckpointNotSaved):
+    """The state directory is read-only or not ours to write (FAILED_PRECONDITION)."""
 
 
 class UnknownCheckpoint(CheckpointError, KeyError):
@@ -124,6 +170,9 @@ class ResumeState:
     num_lanes: int
     created: float = field(default_factory=time.time)
     tag: str = ""
+    #: The file the bytes were read from ("" for bytes from elsewhere): not part of the
+    #: checkpoint; a refused resume looks for the shard manifest next to it.
+    origin: str = field(default="", compare=False)
 
     def positions(self) -> dict[int, int]:
         return {lane: st.next_seq for lane, st in sorted(self.lanes.items())}
@@ -139,42 +188,28 @@ class ResumeState:
             "lanes": {str(lane): st.to_json() for lane, st in sorted(self.lanes.items())},
         }
 
-    def encode(self) -> bytes:
-        """The checkpoint's bytes (header + checksummed JSON)."""
+    def encode(self, key: CheckpointKey | None = None) -> bytes:
+        """The checkpoint's bytes (header + checksummed JSON; signed with ``key``)."""
         payload = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
-        return _HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
+        checksum = hashlib.sha256(payload).digest()
+        if key is None:
+            return _HEADER.pack(MAGIC, FORMAT_VERSION, checksum) + payload
+        mac = key.sign(MAGIC + _VERSION.pack(SIGNED_VERSION) + payload)
+        return _HEADER.pack(MAGIC, SIGNED_VERSION, checksum) + mac + payload
 
     @classmethod
-    def decode(cls, data: bytes) -> ResumeState:
-        """Parse and verify checkpoint bytes; nothing is applied on any error."""
-        if len(data) < _HEADER.size:
-            raise CorruptCheckpoint(
-                f"checkpoint is truncated: {len(data)} bytes, shorter than its "
-                f"{_HEADER.size}-byte header"
-            )
-        magic, version, checksum = _HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise CorruptCheckpoint(
-                f"not a Zephon checkpoint (starts with {magic!r}, expected {MAGIC!r})"
-            )
-        if version > FORMAT_VERSION:
-            raise IncompatibleCheckpoint(
-                f"checkpoint format version {version} is newer than this server's "
-                f"{FORMAT_VERSION}; resume it with a newer Zephon"
-            )
-        payload = data[_HEADER.size :]
-        found = hashlib.sha256(payload).digest()
-        if found != checksum:
-            raise CorruptCheckpoint(
-                "checkpoint checksum mismatch: the file is truncated or corrupted "
-                f"(expected sha256 {checksum.hex()[:16]}..., found {found.hex()[:16]}... over "
-                f"{len(payload)} payload bytes); use another checkpoint"
-            )
-        if version < 1:
-            raise CorruptCheckpoint(
-                f"checkpoint header is corrupt: format version {version}, expected "
-                f"1..{FORMAT_VERSION}"
-            )
+    def decode(cls, data: bytes, key: CheckpointKey | None = None) -> ResumeState:
+        """Parse and verify checkpoint bytes; nothing is applied on any error.
+
+        With ``key``, the checkpoint must be signed with it (:class:`UntrustedCheckpoint`
+        otherwise); without, a signed one is accepted on its checksum.
+        """
+        payload, version = _verified_payload(data)
+        _check_signature(data, payload, version, key)
+        return cls._parse(payload)
+
+    @classmethod
+    def _parse(cls, payload: bytes) -> ResumeState:
         try:
             doc = json.loads(payload)
             if not isinstance(doc, dict):
@@ -219,20 +254,147 @@ class ResumeState:
             lanes.update(st.lanes)
         return cls(first.fingerprint, dict(first.components), lanes, first.num_lanes, tag=first.tag)
 
-    def check_compatible(self, fingerprint: str, components: dict[str, str]) -> None:
-        """Raise :class:`IncompatibleCheckpoint` naming what differs from this pipeline."""
+    def check_compatible(
+        self,
+        fingerprint: str,
+        components: dict[str, str],
+        *,
+        datasets: Sequence[Any] = (),
+        manifest_dirs: Sequence[str | os.PathLike[str]] = (),
+    ) -> None:
+        """Raise :class:`IncompatibleCheckpoint` naming what differs from this pipeline.
+
+        ``datasets`` (the pipeline's resolved :class:`~.datasets.DatasetInfo`) lets a data
+        change be explained shard by shard from the checkpoint's shard manifest, looked for
+        next to :attr:`origin` and in ``manifest_dirs`` (see :mod:`.manifest`).
+        """
         if self.fingerprint == fingerprint:
             return
-        keys = sorted(set(self.components) | set(components))
-        diffs = [
-            f"{k} (checkpoint {self.components.get(k, '-')}, pipeline {components.get(k, '-')})"
-            for k in keys
+        self._check_fingerprint_version(fingerprint, components)
+        differing = [
+            k
+            for k in sorted(set(self.components) | set(components))
             if self.components.get(k) != components.get(k)
         ]
+        # Shards of a dataset on both sides; a dataset on one side only is a config change.
+        changed = [
+            k.split(":", 1)[1]
+            for k in differing
+            if k.startswith("shards:") and k in self.components and k in components
+        ]
+        config = [
+            f"{k} (checkpoint {self.components.get(k, '-')}, pipeline {components.get(k, '-')})"
+            for k in differing
+            if not k.startswith("shards:")
+        ]
+        data, hint = self._describe_data_change(changed, datasets, manifest_dirs)
+        which = f"expected fingerprint {fingerprint[:16]}, found {self.fingerprint[:16]}"
+        if config or not data:
+            also = f"; and the data changed: {data}" if data else ""
+            raise IncompatibleCheckpoint(
+                f"checkpoint is from another pipeline: {which}; differs in: "
+                f"{', '.join(config) or 'unknown'}{also}. "
+                "Resume with the pipeline config it was taken with"
+            )
         raise IncompatibleCheckpoint(
-            f"checkpoint is from another pipeline: expected fingerprint {fingerprint[:16]}, "
-            f"found {self.fingerprint[:16]}; differs in: {', '.join(diffs) or 'unknown'}. "
-            "Resume with the pipeline config it was taken with"
+            f"checkpoint does not match the data: the shards changed since it was taken "
+            f"({which}): {data}. Its positions point at rows of the files it was taken on, so "
+            "resuming on these would serve other data. Restore the original files"
+            + (f"; {COPY_HINT}" if hint else "")
+            + ". To train on the changed data, start a new run (without a resume)"
+        )
+
+    def _check_fingerprint_version(self, fingerprint: str, components: dict[str, str]) -> None:
+        """A checkpoint of another fingerprint scheme cannot be compared part by part."""
+        ours = components.get("fingerprint_version", "-")
+        theirs = self.components.get("fingerprint_version", "1")  # version 1 had no such part
+        if theirs != ours:
+            raise IncompatibleCheckpoint(
+                f"checkpoint was taken with fingerprint version {theirs} and this server "
+                f"computes version {ours} (which also identifies every shard by its size and "
+                "modification time), so it cannot be checked against the current data "
+                f"(expected fingerprint {fingerprint[:16]}, found {self.fingerprint[:16]}). "
+                "Resume it with the Zephon version that took it, or start a new run"
+            )
+
+    def _describe_data_change(
+        self,
+        names: list[str],
+        datasets: Sequence[Any],
+        manifest_dirs: Sequence[str | os.PathLike[str]],
+    ) -> tuple[str, bool]:
+        """What changed in the shards of datasets ``names`` ("" for none), and whether the
+        copy hint applies; shard by shard when a manifest of this checkpoint is found."""
+        if not names:
+            return "", False
+        if not datasets:
+            return (
+                f"the shard list, or a shard's size, modification time or row count, of "
+                f"dataset(s) {', '.join(repr(n) for n in names)}",
+                True,
+            )
+        dirs = [manifest_dir(Path(self.origin).parent)] if self.origin else []
+        dirs += [Path(d) for d in manifest_dirs if Path(d) not in dirs]
+        current = ShardManifest.of("", datasets)
+        return describe_data_change(self.fingerprint, names, current, dirs)
+
+
+def _verified_payload(data: bytes) -> tuple[bytes, int]:
+    """The payload of checkpoint bytes whose header and checksum are intact, and the header
+    version; :class:`CorruptCheckpoint` / :class:`IncompatibleCheckpoint` otherwise."""
+    if len(data) < _HEADER.size:
+        raise CorruptCheckpoint(
+            f"checkpoint is truncated: {len(data)} bytes, shorter than its "
+            f"{_HEADER.size}-byte header"
+        )
+    magic, version, checksum = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptCheckpoint(
+            f"not a Zephon checkpoint (starts with {magic!r}, expected {MAGIC!r})"
+        )
+    if version > SIGNED_VERSION:
+        raise IncompatibleCheckpoint(
+            f"checkpoint format version {version} is newer than this server's "
+            f"{SIGNED_VERSION}; resume it with a newer Zephon"
+        )
+    start = _HEADER.size + (MAC_BYTES if version == SIGNED_VERSION else 0)
+    if len(data) < start:
+        raise CorruptCheckpoint(
+            f"checkpoint is truncated: {len(data)} bytes, shorter than its {start}-byte "
+            "signed header"
+        )
+    payload = data[start:]
+    found = hashlib.sha256(payload).digest()
+    if found != checksum:
+        raise CorruptCheckpoint(
+            "checkpoint checksum mismatch: the file is truncated or corrupted "
+            f"(expected sha256 {checksum.hex()[:16]}..., found {found.hex()[:16]}... over "
+            f"{len(payload)} payload bytes); use another checkpoint"
+        )
+    if version < 1:
+        raise CorruptCheckpoint(
+            f"checkpoint header is corrupt: format version {version}, expected 1..{SIGNED_VERSION}"
+        )
+    return payload, version
+
+
+def _check_signature(data: bytes, payload: bytes, version: int, key: CheckpointKey | None) -> None:
+    """Refuse (:class:`UntrustedCheckpoint`) what ``key`` does not vouch for."""
+    if key is None:
+        if version == SIGNED_VERSION:
+            log.debug("checkpoint is signed; no --checkpoint-key to verify it, its checksum holds")
+        return
+    if version != SIGNED_VERSION:
+        raise UnsignedCheckpoint(
+            "checkpoint is not signed; this server requires signed checkpoints (its key is "
+            f"from {key.source}): resume it on a server without a key, or sign it with "
+            "'zephon sign-checkpoint' if you trust it"
+        )
+    mac = data[_HEADER.size : _HEADER.size + MAC_BYTES]
+    if not key.verify(MAGIC + _VERSION.pack(version) + payload, mac):
+        raise BadSignature(
+            "checkpoint signature does not match (forged, or signed with another key); this "
+            f"server's key is from {key.source}: resume a checkpoint this key signed"
         )
 
 
@@ -260,16 +422,62 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(dir_fd)
 
 
-def read_state_file(path: str | os.PathLike[str]) -> ResumeState:
-    """Load and verify a checkpoint file."""
+def read_state_file(path: str | os.PathLike[str], key: CheckpointKey | None = None) -> ResumeState:
+    """Load and verify a checkpoint file (signed with ``key`` when one is given); its
+    :attr:`~ResumeState.origin` is ``path``.
+
+    A path that is not a readable file is :class:`UnreadableCheckpoint` (a kind of corrupt
+    checkpoint) naming the path and the fix; a missing one :class:`UnknownCheckpoint`.
+    """
+    name = str(path)
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise UnknownCheckpoint(f"checkpoint file {str(path)!r} does not exist") from None
-    return ResumeState.decode(data)
+        raise UnknownCheckpoint(f"checkpoint file {name!r} does not exist") from None
+    except IsADirectoryError:
+        raise UnreadableCheckpoint(
+            f"checkpoint file {name!r} is a directory, not a file (move it out of the way)"
+        ) from None
+    except OSError as exc:
+        raise UnreadableCheckpoint(
+            f"checkpoint file {name!r} cannot be read: {exc.strerror or exc} (check its owner, "
+            "mode and the disk)"
+        ) from None
+    return dataclasses.replace(ResumeState.decode(data, key), origin=os.path.abspath(path))
 
 
-_ID = re.compile(r"^ckpt-(\d{8})(-[A-Za-z0-9_.-]{1,64})?$")
+CHECKPOINT_ID = re.compile(r"^ckpt-(\d{8})(-[A-Za-z0-9_.-]{1,64})?$")
+"""What a checkpoint id looks like (the file name without ``.zck``)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A checkpoint the search for the latest one did not take, and the error that refused it."""
+
+    checkpoint_id: str
+    error: CheckpointError
+
+    def __str__(self) -> str:
+        return f"{self.checkpoint_id}: {self.error}"
+
+
+@dataclass(frozen=True)
+class LatestPick:
+    """What :meth:`CheckpointStore.pick_latest` found: the checkpoint taken (or None), the
+    newer ones it refused, and how many older ones it did not try after a stopping refusal."""
+
+    found: tuple[str, ResumeState] | None
+    refused: tuple[Refusal, ...]
+    untried: int = 0
+
+    def describe(self, limit: int = 8) -> str:
+        """The refusals on one line (the first ``limit``), newest first."""
+        parts = [str(r) for r in self.refused[:limit]]
+        if len(self.refused) > limit:
+            parts.append(f"... and {len(self.refused) - limit} more refused")
+        if self.untried:
+            parts.append(f"{self.untried} older checkpoint(s) not tried")
+        return "; ".join(parts)
 
 
 class CheckpointStore:
@@ -277,16 +485,20 @@ class CheckpointStore:
 
     ``keep``: after each save, delete all but the newest ``keep`` checkpoints (tagged or not);
     0 keeps every one. Saves are serialized, so concurrent callers get distinct ids. One server
-    process per state directory.
+    process per state directory. With ``key``, checkpoints are signed when saved and must be
+    signed with it when loaded.
     """
 
     suffix = ".zck"
 
-    def __init__(self, state_dir: str | os.PathLike[str], keep: int = 0) -> None:
+    def __init__(
+        self, state_dir: str | os.PathLike[str], keep: int = 0, key: CheckpointKey | None = None
+    ) -> None:
         if not isinstance(keep, int) or keep < 0:
             raise ValueError(f"keep must be an integer >= 0 (0: keep all), got {keep!r}")
         self.dir = Path(state_dir)
         self.keep = keep
+        self.key = key
         self._lock = threading.Lock()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.clean_temp_files()
@@ -302,26 +514,59 @@ class CheckpointStore:
     def ids(self) -> list[str]:
         """Checkpoint ids, oldest first."""
         found = [p.name[: -len(self.suffix)] for p in self.dir.glob(f"ckpt-*{self.suffix}")]
-        return sorted((i for i in found if _ID.match(i)), key=lambda i: int(i[5:13]))
+        return sorted((i for i in found if CHECKPOINT_ID.match(i)), key=lambda i: int(i[5:13]))
 
     def save(self, state: ResumeState) -> tuple[str, bytes]:
-        """Persist atomically under a new id; returns (id, bytes)."""
+        """Persist atomically under a new id; returns (id, bytes).
+
+        An ``OSError`` writing the file (a full disk, a read-only directory) raises
+        :class:`CheckpointNotSaved` naming the directory and the fix; no partial file stays.
+        """
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", state.tag)[:64]
-        data = state.encode()
+        data = state.encode(self.key)
         with self._lock:
             ids = self.ids()
             n = int(ids[-1][5:13]) + 1 if ids else 1
             cid = f"ckpt-{n:08d}" + (f"-{tag}" if tag else "")
-            write_atomic(self.dir / f"{cid}{self.suffix}", data)
+            try:
+                write_atomic(self.dir / f"{cid}{self.suffix}", data)
+            except OSError as exc:
+                raise self._not_saved(exc, cid, len(data), len(ids)) from exc
             if self.keep:
                 for old in [*ids, cid][: -self.keep]:
                     (self.dir / f"{old}{self.suffix}").unlink(missing_ok=True)
                     log.info("deleted checkpoint %s (keeping the newest %d)", old, self.keep)
         return cid, data
 
+    def _not_saved(self, exc: OSError, cid: str, size: int, count: int) -> CheckpointNotSaved:
+        """The error for a checkpoint file the state directory refused."""
+        what = f"checkpoint {cid} ({size} bytes) was not saved"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            try:
+                fs = os.statvfs(self.dir)
+                free = f"{fs.f_bavail * fs.f_frsize} bytes free"
+            except OSError:
+                free = "free space unknown"
+            keep = f"now {self.keep}" if self.keep else "now 0: keep all"
+            return NoSpaceForCheckpoint(
+                f"no space left in {self.dir} ({free}, {count} checkpoints kept): {what}; "
+                f"free space on that filesystem or lower --keep-checkpoints ({keep}); the "
+                "replay cache under it takes at most --replay-cache-max-bytes"
+            )
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return StateDirNotWritable(
+                f"cannot write in {self.dir}: {reason}: {what}; make --state-dir a writable "
+                "directory of the server's user"
+            )
+        return CheckpointNotSaved(
+            f"cannot write in {self.dir}: {reason} (errno {exc.errno}): {what}; check the disk "
+            "under --state-dir, then checkpoint again"
+        )
+
     def load(self, checkpoint_id: str) -> ResumeState:
         """The checkpoint with that id (verified)."""
-        if not _ID.match(checkpoint_id):
+        if not CHECKPOINT_ID.match(checkpoint_id):
             raise UnknownCheckpoint(
                 f"unknown checkpoint id {checkpoint_id!r}; ids look like ckpt-00000001"
             )
@@ -337,17 +582,43 @@ class CheckpointStore:
             raise UnknownCheckpoint(
                 f"unknown checkpoint id {checkpoint_id!r}{deleted}; available: {ids[-5:]}"
             )
-        return read_state_file(path)
+        return read_state_file(path, self.key)
+
+    def pick_latest(self, accept: Callable[[ResumeState], None] | None = None) -> LatestPick:
+        """The newest checkpoint that loads and that ``accept`` takes (it raises a
+        :class:`CheckpointError` to refuse one), with the newer ones refused.
+
+        Damage (corrupt, truncated, unreadable, a directory) is skipped with a warning and the
+        search goes on to older checkpoints. A checkpoint refused for what it is (another
+        pipeline, a newer format, unsigned or wrongly signed) stops the search: taking an older
+        one behind it would silently roll the run back.
+        """
+        ids = self.ids()
+        refused: list[Refusal] = []
+        for i, cid in enumerate(reversed(ids)):
+            try:
+                state = self.load(cid)
+                if accept is not None:
+                    accept(state)
+            except (CorruptCheckpoint, UnknownCheckpoint) as exc:
+                log.warning("skipping corrupt checkpoint %s: %s", cid, exc)
+                refused.append(Refusal(cid, exc))
+                continue
+            except CheckpointError as exc:
+                refused.append(Refusal(cid, exc))
+                return LatestPick(None, tuple(refused), untried=len(ids) - i - 1)
+            return LatestPick((cid, state), tuple(refused))
+        return LatestPick(None, tuple(refused))
 
     def latest(self) -> tuple[str, ResumeState] | None:
-        """The newest checkpoint that loads, or None.
+        """The newest checkpoint that loads, or None when there is none (or all are damaged).
 
         A corrupt newer checkpoint (truncated or damaged on disk) is skipped with a warning;
-        one of another pipeline is not (that is a configuration mistake, not damage).
+        one refused for what it is (a newer format, unsigned...) raises that refusal.
         """
-        for cid in reversed(self.ids()):
-            try:
-                return cid, self.load(cid)
-            except CorruptCheckpoint as exc:
-                log.warning("skipping corrupt checkpoint %s: %s", cid, exc)
-        return None
+        pick = self.pick_latest()
+        if pick.found is None and pick.refused:
+            last = pick.refused[-1].error
+            if not isinstance(last, (CorruptCheckpoint, UnknownCheckpoint)):
+                raise last
+        return pick.found

@@ -1,10 +1,10 @@
 """Datasets: named sets of shard files with a mixture weight, resolved to counted shards.
 
 A :class:`DatasetSpec` is what users configure; :func:`resolve_datasets` turns specs into
-:class:`DatasetInfo` objects (the sorted list of shard files with their formats, sizes and row
-counts). Resolution does no I/O beyond listing files and counting rows; counting goes through
-the :class:`~zephon_server.engine.shards.ShardCache`, so the JSONL line index built for counting
-is the one reading uses later.
+:class:`DatasetInfo` objects (the sorted list of shard files with their formats, sizes, row
+counts and modification times). Resolution does no I/O beyond listing files and counting rows;
+counting goes through the :class:`~zephon_server.engine.shards.ShardCache`, so the JSONL line
+index built for counting is the one reading uses later (for the same file identity).
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ConfigError, DataError
+from .identity import local_identity
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 
 logger = logging.getLogger(__name__)
 
 ON_ERROR_POLICIES: tuple[str, ...] = ("fail", "skip")
+#: The default ``max_document_bytes``: 64 MiB.
+DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
 EXHAUSTION_POLICIES: tuple[str, ...] = ("stop", "repeat")
 _GLOB_CHARS = frozenset("*?[")
 
@@ -40,7 +43,8 @@ class DatasetSpec:
     hidden files skipped), a single file, or a glob pattern (``**`` allowed); relative paths
     resolve against the ``base_dir`` given to :func:`resolve_datasets`. ``format`` overrides
     the format inferred from each file's extension (use a glob to select files whose names do
-    not carry a supported extension).
+    not carry a supported extension). ``max_document_bytes`` bounds one document (a JSONL line,
+    a Parquet value); a larger one is a data error under ``on_error``.
     """
 
     name: str
@@ -50,6 +54,7 @@ class DatasetSpec:
     on_error: str = "fail"
     exhaustion: str = "stop"
     format: str | None = None
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -90,16 +95,32 @@ class DatasetSpec:
                 f"{who}: format must be one of {list(FORMATS)} or None (infer from the "
                 f"extension), got {self.format!r}"
             )
+        limit = self.max_document_bytes
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(
+                f"{who}: max_document_bytes must be an integer >= 1, got {limit!r} (the largest "
+                f"document in bytes; default {DEFAULT_MAX_DOCUMENT_BYTES})"
+            )
 
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard file: absolute path, format, size in bytes and number of rows."""
+    """One shard file: absolute path, format, size in bytes, rows and modification time.
+
+    :attr:`identity` is what says the file is still the one whose rows were counted and
+    indexed: the fingerprint covers it and every read compares it with the open file.
+    """
 
     path: str
     format: str
     size_bytes: int
     num_rows: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> str:
+        """Size and modification time as one comparable string (see :mod:`.identity`)."""
+        return local_identity(self.size_bytes, self.mtime_ns)
 
 
 @dataclass(frozen=True)
@@ -173,11 +194,16 @@ def resolve_datasets(
 
 
 def _shard_info(path: str, fmt: str, cache: ShardCache) -> ShardInfo:
+    """The shard with its identity now and the row count of exactly that file version.
+
+    The cache counts under the identity (a changed file is counted again, a file changing
+    while it is counted raises :class:`~.errors.ShardChanged`)."""
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
     except OSError as exc:
         raise DataError(f"cannot read shard {path}: {exc}") from exc
-    return ShardInfo(path, fmt, size, cache.num_rows(path, fmt))
+    rows = cache.num_rows(path, fmt, local_identity(st.st_size, st.st_mtime_ns))
+    return ShardInfo(path, fmt, st.st_size, rows, st.st_mtime_ns)
 
 
 def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:

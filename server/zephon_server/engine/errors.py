@@ -15,6 +15,13 @@ class DataError(ZephonError):
     """A record or shard could not be read or decoded under the ``fail`` policy."""
 
 
+class ShardChanged(DataError):
+    """A shard file no longer has the identity (size, modification time) it was indexed with.
+
+    Never skipped by ``on_error: skip``: the file is not a bad record, it is other data.
+    """
+
+
 class ContractError(ZephonError):
     """An operator or accumulator broke the operator contract of the spec page."""
 

@@ -45,9 +45,11 @@ from .checkpoint import (
     IncompatibleCheckpoint,
     ResumeState,
 )
+from .checkpoint_key import CheckpointKey
 from .errors import ConfigError, ZephonError
 from .execution import ExecutionConfig
 from .lane_buffer import LaneBuffer
+from .manifest import ShardManifest, manifest_dir, save_manifest
 from .pipeline import Pipeline
 from .planner import Plan
 from .readers import HubReader, LaneReader
@@ -110,6 +112,7 @@ class LaneHub:
         max_ahead: int = 32,
         keep_consumed: int = 64,
         replay_cache: ReplayCache | None = None,
+        checkpoint_key: CheckpointKey | None = None,
         max_replays: int = 4,
     ) -> None:
         if isinstance(max_ahead, bool) or not isinstance(max_ahead, int) or max_ahead < 1:
@@ -123,6 +126,9 @@ class LaneHub:
             if not 0 <= lane < n:
                 raise BadLane(f"lane {lane} does not exist; the pipeline has lanes 0..{n - 1}")
         self.store = store
+        #: Signs the checkpoint bytes this hub hands out and verifies the ones it is given
+        #: (the store signs what it saves with the same key).
+        self.checkpoint_key = checkpoint_key
         self.replay_cache = replay_cache
         self.max_ahead = max_ahead
         #: Unconsumed batches a lane's log holds at most while no other lane needs a batch...
@@ -147,6 +153,7 @@ class LaneHub:
         self._blocked: int | None = None  # the lane whose full log the producer waits on
         self.producer_waits = 0
         self.resumed_from: str | None = None
+        self._manifest_saved = False
         #: Called with the error when the pipeline fails (a worker died, bad data under
         #: ``on_error: fail``...) and with ``None`` when a run starts; the server turns it
         #: into health NOT_SERVING / SERVING.
@@ -182,7 +189,19 @@ class LaneHub:
 
     def start(self, resume: ResumeState | None = None) -> None:
         """Start producing (from the beginning, or from ``resume``'s positions)."""
+        if resume is not None:
+            self._check_compatible(resume)
         self._install(self._new_run(resume))
+
+    def _check_compatible(self, state: ResumeState) -> None:
+        """Refuse a checkpoint of another pipeline or other data, naming the changed shards
+        from the shard manifest next to the checkpoint or in the state directory."""
+        state.check_compatible(
+            self.plan.fingerprint,
+            self.plan.components,
+            datasets=self.plan.datasets,
+            manifest_dirs=[manifest_dir(self.store.dir)] if self.store is not None else [],
+        )
 
     def _new_run(self, resume: ResumeState | None) -> PipelineRun:
         """A run of the served lanes; validates ``resume`` fully before anything changes."""
@@ -242,7 +261,7 @@ class LaneHub:
         (another pipeline, missing lanes, invalid lane state) leaves the server serving.
         """
         with self._resume_lock:
-            state.check_compatible(self.plan.fingerprint, self.plan.components)
+            self._check_compatible(state)
             missing = [lane for lane in self.lanes if lane not in state.lanes]
             if missing:
                 raise IncompatibleCheckpoint(
@@ -638,7 +657,10 @@ class LaneHub:
         self._wait_produced(merged, timeout=produce_timeout)
         state = self._run.checkpoint(merged, tag=tag)
         if self.store is None:
-            return "", state.encode(), state
+            return "", state.encode(self.checkpoint_key), state
+        if not self._manifest_saved:  # before the checkpoint: every checkpoint has its manifest
+            manifest = ShardManifest.of(self.plan.fingerprint, self.plan.datasets)
+            self._manifest_saved = save_manifest(manifest_dir(self.store.dir), manifest) is not None
         cid, data = self.store.save(state)
         return cid, data, state
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .datasets import DatasetSpec
+from .datasets import DEFAULT_MAX_DOCUMENT_BYTES, DatasetSpec
 from .errors import ConfigError
 from .execution import ExecutionConfig
 from .ops import OPERATORS, Operator
@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from .planner import Plan
     from .run import PipelineRun
 
-FINGERPRINT_VERSION = 1
+#: 2: shards are identified by size and modification time (``ShardInfo.identity``), and the
+#: components name each dataset's settings and its shards apart (``shards:<name>``).
+FINGERPRINT_VERSION = 2
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -120,8 +122,10 @@ class Pipeline:
 def fingerprint(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> str:
     """sha256 over everything that shapes data; execution settings are excluded.
 
-    Covers datasets (names, weights, policies, file names, sizes and row counts), operator
-    parameters (tokenizer identity included), seed, lanes, chunk size and sentinel cadence.
+    Covers datasets (names, weights, policies, and per shard its file name, row count and
+    identity: size and modification time), operator parameters (tokenizer identity included),
+    seed, lanes, chunk size and sentinel cadence. File names enter without their directory, so
+    a corpus copied elsewhere with its times preserved (``cp -p``) keeps the fingerprint.
     """
     doc = fingerprint_document(pipeline, dataset_infos)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -140,10 +144,14 @@ def fingerprint_document(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> di
                 "on_error": spec.on_error,
                 "exhaustion": spec.exhaustion,
                 "shards": [
-                    [s.path.rsplit("/", 1)[-1], s.size_bytes, s.num_rows] for s in info.shards
+                    [s.path.rsplit("/", 1)[-1], s.num_rows, s.identity] for s in info.shards
                 ],
             }
         )
+        # Added after fingerprints were in use: only a non-default value enters, so existing
+        # pipelines (and their checkpoints) keep their fingerprint.
+        if spec.max_document_bytes != DEFAULT_MAX_DOCUMENT_BYTES:
+            datasets[-1]["max_document_bytes"] = spec.max_document_bytes
     return {
         "version": FINGERPRINT_VERSION,
         "seed": pipeline.seed,
@@ -156,16 +164,23 @@ def fingerprint_document(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> di
 
 
 def fingerprint_components(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> dict[str, str]:
-    """Short hashes of each part of the fingerprint, so a mismatch can name what differs."""
+    """Short hashes of each part of the fingerprint, so a mismatch can name what differs.
+
+    ``dataset:<name>`` covers a dataset's settings and ``shards:<name>`` its shard list (names,
+    rows, identities): a differing ``shards:`` part is changed data, which the shard manifest
+    (:mod:`.manifest`) can then explain file by file.
+    """
     doc = fingerprint_document(pipeline, dataset_infos)
 
     def h(value: Any) -> str:
         return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
 
-    parts = {k: str(doc[k]) for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks")}
+    parts = {"fingerprint_version": str(doc["version"])}
+    parts.update({k: str(doc[k]) for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks")})
     parts["datasets"] = ",".join(d["name"] for d in doc["datasets"])
     for d in doc["datasets"]:
-        parts[f"dataset:{d['name']}"] = h(d)
+        parts[f"dataset:{d['name']}"] = h({k: v for k, v in d.items() if k != "shards"})
+        parts[f"shards:{d['name']}"] = h(d["shards"])
     parts["operators"] = ",".join(op["op"] for op in doc["ops"])
     for i, op in enumerate(doc["ops"]):
         parts[f"op{i}:{op['op']}"] = h(op)

@@ -24,6 +24,15 @@ consumer's, :meth:`ReplayCache.on_chunk`), so the cache holds about ``keep_epoch
 lane plus those the source runs ahead (with the bench's geometry, 8 chunks of 1024
 documents, ~3 MB of tokens per chunk).
 
+The cache is bounded by a :class:`~.cache_budget.CacheBudget` (``--replay-cache-max-bytes``),
+enforced as it writes, under the byte ledger every writing process shares: an entry that would
+exceed the budget first evicts other pipelines' directories, then this pipeline's oldest chunks
+of any lane (older than the entry's own chunk), down to 90% of the budget; an entry that still
+does not fit, or that would leave less than the budget's reserve free on the filesystem, is not
+written. A full disk (``ENOSPC``) pauses writing in that process (30 s, doubling up to 10 min
+while it stays full), with one warning per pause. Nothing here ever raises into the pipeline:
+the cache is an optimisation, and a miss re-tokenizes.
+
 File format: ``ZRC1``, a little-endian u32 header length, a JSON header (``cursors``,
 ``lengths``, ``dtype``, ``crc``) and the concatenated token ids (``uint16`` when every id
 fits, else ``int32``).
@@ -31,20 +40,23 @@ fits, else ``int32``).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import shutil
 import struct
 import threading
+import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .cache_budget import LEDGER_NAME, CacheBudget, CacheLedger, LedgerCounts, tree_usage
 from .records import Cursor
 
 log = logging.getLogger(__name__)
@@ -55,6 +67,14 @@ _HEADER_LEN = struct.Struct("<I")
 REPLAY_CACHE = "replay_cache"
 #: Chunk indexes a process keeps loaded for lookups (a resume reads each chunk once).
 _INDEX_SLOTS = 16
+#: Seconds a process stops writing after a full disk; doubled while it stays full, up to
+#: ``_PAUSE_MAX``; back to the start after a write succeeds.
+_PAUSE = 30.0
+_PAUSE_MAX = 600.0
+#: Eviction for an entry that does not fit frees space down to this share of the budget, so
+#: a cache at its budget does not list its directories on every write.
+_LOW_WATER = 0.9
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _cursor_name(cursor: Cursor) -> str:
@@ -67,7 +87,8 @@ class ReplayCache:
     ``replay_ends`` maps a resumed lane to the end (exclusive) of its replayed chunks; only
     those lanes' chunks below it are looked up (set by the run; empty for a fresh start, which
     only writes). Counters (``hits``, ``misses``, ``stored``) count in the process that
-    tokenizes.
+    tokenizes; the bytes in use and the skipped writes are in the shared ledger
+    (:meth:`usage`). ``budget``: default :meth:`CacheBudget.for_path` of ``root``.
     """
 
     def __init__(
@@ -77,6 +98,7 @@ class ReplayCache:
         fingerprint: str = "",
         keep_epochs: int = 2,
         replay_ends: dict[int, int] | None = None,
+        budget: CacheBudget | None = None,
     ) -> None:
         if not isinstance(keep_epochs, int) or keep_epochs < 1:
             raise ValueError(
@@ -86,6 +108,7 @@ class ReplayCache:
         self.fingerprint = fingerprint
         self.keep_epochs = keep_epochs
         self.replay_ends = dict(replay_ends or {})
+        self.budget = budget if budget is not None else CacheBudget.for_path(self.root)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -94,6 +117,10 @@ class ReplayCache:
         self.hits = 0
         self.misses = 0
         self.stored = 0
+        self.ledger = CacheLedger(self.root)
+        self._paused_until = 0.0  # monotonic time before which this process does not write
+        self._pause = _PAUSE
+        self._low_disk_warned = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -101,6 +128,7 @@ class ReplayCache:
             "fingerprint": self.fingerprint,
             "keep_epochs": self.keep_epochs,
             "replay_ends": self.replay_ends,
+            "budget": self.budget,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -108,13 +136,32 @@ class ReplayCache:
         self._init_runtime()
 
     def bind(self, fingerprint: str, replay_ends: dict[int, int] | None = None) -> ReplayCache:
-        """A copy for one run of the pipeline with ``fingerprint``."""
-        return ReplayCache(
+        """A copy for one run of the pipeline with ``fingerprint``, its ledger recounted."""
+        cache = ReplayCache(
             self.root,
             fingerprint=fingerprint,
             keep_epochs=self.keep_epochs,
             replay_ends=replay_ends,
+            budget=self.budget,
         )
+        cache.recount()
+        return cache
+
+    def recount(self) -> None:
+        """Set the ledger's bytes to what the directory holds, removing temporary files left
+        by a killed writer (every writer holds the ledger while its file exists). A run
+        starts with this, so a ledger that drifted (a crash, a hand-made deletion) is fixed."""
+        try:
+            with self.ledger.locked() as counts:
+                for stray in self.root.glob("*/lane-*/chunk-*/.*.tmp"):
+                    stray.unlink(missing_ok=True)
+                counts.bytes = tree_usage(self.root, self.budget, skip=LEDGER_NAME)
+        except OSError as exc:
+            self._warn_once(f"replay cache: cannot use {self.root}: {exc}")
+
+    def usage(self) -> LedgerCounts | None:
+        """The shared ledger now: bytes in use, evicted, skipped writes (None before use)."""
+        return self.ledger.snapshot()
 
     @property
     def directory(self) -> Path:
@@ -127,13 +174,17 @@ class ReplayCache:
     # -- writing (workers) ----------------------------------------------------------------
 
     def store(self, op_index: int, records: Sequence[Any], ids_list: Sequence[np.ndarray]) -> None:
-        """Write the token ids of ``records`` (grouped per lane and chunk). Never raises:
-        a cache that cannot be written only costs speed, so the error is logged once."""
+        """Write the token ids of ``records`` (grouped per lane and chunk) within the budget.
+        Never raises: a cache that cannot be written only costs speed, so the error is logged
+        once (a full disk: once per pause)."""
         groups: dict[tuple[int, int], list[int]] = {}
         for i, rec in enumerate(records):
             meta = rec.meta
             groups.setdefault((meta.lane_id, int(meta.cursor[0])), []).append(i)
         for (lane, chunk), idx in groups.items():
+            if time.monotonic() < self._paused_until:
+                self._count_paused()
+                return
             try:
                 self._write(
                     op_index,
@@ -149,28 +200,135 @@ class ReplayCache:
     def _write(
         self, op_index: int, lane: int, chunk: int, cursors: list[Cursor], arrays: list[np.ndarray]
     ) -> None:
-        lengths = [len(a) for a in arrays]
-        data = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-        dtype = "uint16" if data.size == 0 or (data.min() >= 0 and data.max() < 65536) else "int32"
-        body = data.astype(dtype, copy=False).tobytes()
-        header = json.dumps(
-            {
-                "cursors": [list(c) for c in cursors],
-                "lengths": lengths,
-                "dtype": dtype,
-                "crc": zlib.crc32(body),
-            },
-            separators=(",", ":"),
-        ).encode()
+        blob = _encode_entry(cursors, arrays)
         directory = self._chunk_dir(lane, chunk)
-        directory.mkdir(parents=True, exist_ok=True)
         final = directory / f"op{op_index}-{_cursor_name(cursors[0])}.tok"
-        tmp = directory / f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + _HEADER_LEN.pack(len(header)) + header + body)
-        os.replace(tmp, final)
+        size = self.budget.disk_size
+        with self.ledger.locked() as counts:
+            if not self._room_for(counts, final, len(blob), chunk):
+                return
+            try:
+                counts.bytes += self._make_dirs(directory) * self.budget.block
+                replaced = _replace_file(final, blob)
+            except OSError as exc:
+                if exc.errno not in _DISK_FULL:
+                    raise
+                counts.skipped_disk_full += 1
+                self._pause_writing(exc)
+                return
+            counts.bytes += size(len(blob)) - (size(replaced) if replaced is not None else 0)
+        self._pause = _PAUSE
+        self._low_disk_warned = False
         with self._lock:
             self.stored += len(cursors)
+
+    def _room_for(self, counts: LedgerCounts, final: Path, nbytes: int, chunk: int) -> bool:
+        """Whether an entry of ``nbytes`` may be written now (evicting older chunks to make
+        room); counts the skip when not. The ledger is held."""
+        budget = self.budget
+        need = budget.disk_size(nbytes) + self._missing_dirs(final.parent) * budget.block
+        if need > budget.max_bytes or (
+            counts.bytes + need > budget.max_bytes and not self._evict_for(counts, need, chunk)
+        ):
+            counts.skipped_budget += 1
+            return False
+        try:
+            fs = os.statvfs(self.root)
+        except OSError:
+            return True
+        free = fs.f_bavail * fs.f_frsize
+        if free - need < budget.reserve_bytes:
+            counts.skipped_low_disk += 1
+            if not self._low_disk_warned:
+                self._low_disk_warned = True
+                log.warning(
+                    "replay cache: %d bytes free on the filesystem of %s; a %d-byte entry "
+                    "would leave less than the %d bytes kept free for checkpoints, so the "
+                    "cache writes nothing until there is room (resumes re-tokenize what is "
+                    "missing)",
+                    free,
+                    self.root,
+                    need,
+                    budget.reserve_bytes,
+                )
+            return False
+        return True
+
+    def _evict_for(self, counts: LedgerCounts, need: int, chunk: int) -> bool:
+        """Evict until ``need`` more bytes fit (down to the low-water mark): other pipelines'
+        directories first, then this pipeline's chunks older than ``chunk``, oldest chunk of
+        any lane first. Whether the entry fits afterwards. The ledger is held."""
+        target = max(0, int(self.budget.max_bytes * _LOW_WATER) - need)
+        for victim in self._eviction_order(chunk):
+            self._remove(counts, victim)
+            if counts.bytes <= target:
+                break
+        return counts.bytes + need <= self.budget.max_bytes
+
+    def _eviction_order(self, chunk: int) -> Iterator[Path]:
+        mine = self.directory
+        try:
+            others = sorted(p for p in self.root.iterdir() if p.is_dir() and p != mine)
+        except OSError:
+            others = []
+        yield from others
+        chunks: list[tuple[int, str, Path]] = []
+        try:
+            lane_dirs = [p for p in mine.iterdir() if p.name.startswith("lane-")]
+        except OSError:
+            lane_dirs = []
+        for lane_dir in lane_dirs:
+            try:
+                names = os.listdir(lane_dir)
+            except OSError:
+                continue
+            for name in names:
+                number = _chunk_number(name)
+                if number is not None and number < chunk:
+                    chunks.append((number, lane_dir.name, lane_dir / name))
+        for _, _, path in sorted(chunks):
+            yield path
+
+    def _remove(self, counts: LedgerCounts, path: Path) -> None:
+        """Delete a directory tree and take its bytes off the ledger (which is held)."""
+        freed = self.budget.block + tree_usage(path, self.budget)
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            counts.bytes -= freed
+            counts.evicted_bytes += freed
+
+    def _missing_dirs(self, directory: Path) -> int:
+        """Directories ``_make_dirs`` would create, up to the cache's root."""
+        n = 0
+        while directory != self.root and not directory.exists():
+            n += 1
+            directory = directory.parent
+        return n
+
+    def _make_dirs(self, directory: Path) -> int:
+        """Create ``directory`` and its missing parents; how many were created."""
+        n = self._missing_dirs(directory)
+        if n:
+            directory.mkdir(parents=True, exist_ok=True)
+        return n
+
+    def _pause_writing(self, exc: OSError) -> None:
+        log.warning(
+            "replay cache: no space left on the filesystem of %s (%s); not writing it for "
+            "%.0f s (resumes re-tokenize what is missing; the pipeline is unaffected)",
+            self.root,
+            exc.strerror or exc,
+            self._pause,
+        )
+        self._paused_until = time.monotonic() + self._pause
+        self._pause = min(self._pause * 2, _PAUSE_MAX)
+
+    def _count_paused(self) -> None:
+        try:
+            with self.ledger.locked() as counts:
+                counts.skipped_disk_full += 1
+        except OSError:
+            pass
 
     def _warn_once(self, message: str) -> None:
         if not getattr(self, "_warned", False):
@@ -244,14 +402,16 @@ class ReplayCache:
             names = os.listdir(lane_dir)
         except OSError:
             return
-        for name in names:
-            if name.startswith("chunk-"):
-                try:
-                    chunk = int(name[6:])
-                except ValueError:
-                    continue
-                if chunk < before_chunk:
-                    shutil.rmtree(lane_dir / name, ignore_errors=True)
+        old = [n for n in names if (c := _chunk_number(n)) is not None and c < before_chunk]
+        if not old:
+            return
+        try:
+            with self.ledger.locked() as counts:
+                for name in old:
+                    self._remove(counts, lane_dir / name)
+        except OSError:  # no ledger (e.g. its directory is gone): still free the disk
+            for name in old:
+                shutil.rmtree(lane_dir / name, ignore_errors=True)
 
     def on_chunk(self, lane: int, chunk: int, k: int, floor: int | None = None) -> None:
         """Called as the source starts ``lane``'s ``chunk``: at an epoch start, evict the
@@ -262,6 +422,49 @@ class ReplayCache:
         floor = chunk if floor is None else min(floor, chunk)
         if k and chunk % k == 0 and floor >= self.keep_epochs * k:
             self.evict(lane, floor - self.keep_epochs * k)
+
+
+def _chunk_number(name: str) -> int | None:
+    """The chunk of a ``chunk-<C>`` directory name, else None."""
+    if not name.startswith("chunk-"):
+        return None
+    try:
+        return int(name[6:])
+    except ValueError:
+        return None
+
+
+def _replace_file(final: Path, data: bytes) -> int | None:
+    """Make ``final`` hold ``data`` atomically (temporary file, rename); the size of the file
+    it replaced, or None. A failed write leaves no temporary file."""
+    replaced = final.stat().st_size if final.exists() else None
+    tmp = final.parent / f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return replaced
+
+
+def _encode_entry(cursors: list[Cursor], arrays: list[np.ndarray]) -> bytes:
+    """One cache file's bytes: magic, header length, JSON header, token ids."""
+    lengths = [len(a) for a in arrays]
+    data = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+    dtype = "uint16" if data.size == 0 or (data.min() >= 0 and data.max() < 65536) else "int32"
+    body = data.astype(dtype, copy=False).tobytes()
+    header = json.dumps(
+        {
+            "cursors": [list(c) for c in cursors],
+            "lengths": lengths,
+            "dtype": dtype,
+            "crc": zlib.crc32(body),
+        },
+        separators=(",", ":"),
+    ).encode()
+    return MAGIC + _HEADER_LEN.pack(len(header)) + header + body
 
 
 def _read_file(path: Path) -> dict[Cursor, np.ndarray]:

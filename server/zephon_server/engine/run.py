@@ -32,8 +32,9 @@ from .work_source import WorkSource
 
 log = logging.getLogger(__name__)
 
-#: Tombstone reasons that mean "a malformed or unreadable record was skipped".
-SKIP_REASONS = ("malformed", "read_error")
+#: Tombstone reasons that mean "a bad record was skipped" (``on_error: skip``): it could not
+#: be decoded, read or tokenized, or it is larger than the dataset's ``max_document_bytes``.
+SKIP_REASONS = ("malformed", "read_error", "tokenize_error", "too_large")
 
 
 def make_runner(
@@ -249,7 +250,9 @@ class PipelineRun:
     def _starts(self, resume: ResumeState | None) -> dict[int, LaneState]:
         if resume is None:
             return {lane: self.initial_lane_state(lane) for lane in self.lanes}
-        resume.check_compatible(self.plan.fingerprint, self.plan.components)
+        resume.check_compatible(
+            self.plan.fingerprint, self.plan.components, datasets=self.plan.datasets
+        )
         missing = [lane for lane in self.lanes if lane not in resume.lanes]
         if missing:
             raise IncompatibleCheckpoint(

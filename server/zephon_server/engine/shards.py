@@ -6,35 +6,50 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
   first time the shard is counted or read; rows are then read with ``pread`` at their offsets
   and the file is never rescanned. Line indexes are kept for the life of the cache.
 * ``.jsonl.gz`` / ``.jsonl.zst``: the whole shard is decompressed once and kept, with its line
-  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted).
+  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted). A shard
+  that does not decompress completely (truncated, trailing garbage, corrupt) is a
+  :class:`~.decompression.IncompleteShardError` when it is first counted, whatever the
+  dataset's ``on_error``: its row count cannot be known.
 * Parquet: row counts come from the footer; rows are read by row group, only the requested
   text column, and decoded row-group columns share the same LRU budget.
 
 A JSONL row is every ``\\n``-terminated line (blank lines included) plus a final unterminated
 non-empty line; it is returned as raw ``bytes`` without the newline, decoding happens later.
 Parquet rows are returned as ``str`` (or ``bytes`` for binary columns, ``None`` for nulls).
+A row larger than the caller's ``max_document_bytes`` comes back as an :class:`Oversized`
+marker instead; for plain JSONL its bytes are not even read (the line index knows its size).
+
+Everything cached is cached under the shard's *identity* (size and modification time, see
+:mod:`.identity`): a plain JSONL read calls ``fstat`` on the file it opened and compares it with
+the :class:`~.datasets.ShardInfo`, and a compressed shard, a Parquet footer or row group is
+loaded only between two ``stat`` calls that find the identity it is wanted under. A file that
+changed raises :class:`~.errors.ShardChanged`; no row is ever read through the index of
+another version of the file.
 """
 
 from __future__ import annotations
 
-import gzip
+import errno
 import logging
 import os
+import stat as stat_module
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import zstandard
 
-from .errors import DataError
+from .decompression import decompress_shard
+from .errors import DataError, ShardChanged
+from .identity import describe_change, stat_identity
 
 if TYPE_CHECKING:
     from .datasets import ShardInfo
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 JSONL = "jsonl"
 JSONL_GZ = "jsonl.gz"
@@ -50,11 +65,24 @@ EXTENSIONS: dict[str, str] = {
 DEFAULT_MAX_BYTES = 1 << 30
 
 _BLOCK = 1 << 24  # bytes scanned per step while indexing
-_PROBE = 1 << 20  # read past a decompressed shard's expected size to find out whether it ends
 _COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
 _MAX_RUN = 1 << 23  # never read more than this in one pread unless a single row is larger
 _LOCK_STRIPES = 64
 _PY_OBJECT_OVERHEAD = 56  # rough size of a small Python str beyond its characters
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """Stands in for a row larger than the ``max_document_bytes`` it was read with.
+
+    ``size`` is the row's length in bytes (a JSONL line without its newline, a Parquet
+    value's UTF-8 or binary length)."""
+
+    size: int
+
+
+#: What a read row is: JSONL bytes, a Parquet value, or the marker of a too-large row.
+Row = bytes | str | None | Oversized
 
 
 def infer_format(path: str) -> str | None:
@@ -108,50 +136,8 @@ def _finish_starts(pieces: list[np.ndarray], size: int, last: int) -> np.ndarray
 
 
 def _decompress(path: str, fmt: str) -> bytes | bytearray:
-    """The whole decompressed content of a gzip or zstd shard (all frames/members).
-
-    A single-frame zstd or single-member gzip shard (what ``zstd`` and ``gzip`` write) is
-    read into one buffer sized from its header (the frame's content size, the trailer's
-    ISIZE), so it is never held twice while decompressed. When the content turns out longer
-    (more frames or members) the rest is read in blocks and joined, as before."""
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        compressed = fh.tell()
-        if fmt == JSONL_GZ:
-            fh.seek(max(compressed - 4, 0))
-            size = int.from_bytes(fh.read(4), "little") if compressed >= 18 else 0
-            fh.seek(0)
-            with gzip.GzipFile(fileobj=fh) as stream:
-                return _read_all(stream, size, compressed)
-        fh.seek(0)
-        try:
-            size = zstandard.frame_content_size(fh.read(18))
-        except zstandard.ZstdError:
-            size = -1
-        fh.seek(0)
-        with zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True) as reader:
-            return _read_all(reader, size, compressed)
-
-
-def _read_all(stream: Any, size: int, compressed: int) -> bytes | bytearray:
-    """Everything ``stream`` yields: into a buffer of ``size`` bytes (a header's word, trusted
-    up to 1024x the ``compressed`` size), then, if more follows, in blocks joined at the end."""
-    buf = bytearray(min(size, 1024 * compressed) if size > 0 else 0)
-    pos = 0
-    while pos < len(buf):
-        with memoryview(buf) as view:  # in steps: GzipFile.readinto reads into a temporary
-            got = stream.readinto(view[pos : pos + _PROBE])
-        if not got:
-            del buf[pos:]  # shorter than its header said (the decompressor checks integrity)
-            return buf
-        pos += got
-    more = stream.read(_PROBE)
-    if not more:
-        return buf
-    parts: list[bytes | bytearray] = [buf, more]
-    while part := stream.read(_BLOCK):
-        parts.append(part)
-    return b"".join(parts)
+    """The whole, verified content of a gzip or zstd shard (see :mod:`.decompression`)."""
+    return decompress_shard(path, fmt)
 
 
 def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
@@ -183,9 +169,9 @@ class ShardCache:
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         self._lru: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._line_index: dict[str, np.ndarray] = {}
-        self._counts: dict[tuple[str, str], int] = {}
-        self._parquet: dict[str, tuple[Any, np.ndarray, Any]] = {}
+        self._line_index: dict[str, tuple[str, np.ndarray]] = {}  # path -> (identity, starts)
+        self._counts: dict[tuple[str, str, str], int] = {}  # (path, format, identity) -> rows
+        self._parquet: dict[str, tuple[str, tuple[Any, np.ndarray, Any]]] = {}
         self._too_big_warned: set[Hashable] = set()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -193,19 +179,25 @@ class ShardCache:
 
     # ------------------------------------------------------------------ public API
 
-    def num_rows(self, shard_path: str, fmt: str) -> int:
-        """Number of rows of a shard; builds (and keeps) the index that reading reuses."""
-        key = (shard_path, fmt)
+    def num_rows(self, shard_path: str, fmt: str, identity: str | None = None) -> int:
+        """Number of rows of a shard; builds (and keeps) the index that reading reuses.
+
+        ``identity``: the file version to count (default: the file as it is now); a file that
+        is not that version raises :class:`~.errors.ShardChanged`.
+        """
+        if identity is None:
+            identity = _identity_now(shard_path)
+        key = (shard_path, fmt, identity)
         with self._lock:
             count = self._counts.get(key)
         if count is not None:
             return count
         if fmt == JSONL:
-            count = len(self._plain_index(shard_path)) - 1
+            count = len(self._plain_index(shard_path, identity)) - 1
         elif fmt in (JSONL_GZ, JSONL_ZST):
-            count = len(self._compressed(shard_path, fmt)[1]) - 1
+            count = len(self._compressed(shard_path, fmt, identity)[1]) - 1
         elif fmt == PARQUET:
-            count = int(self._parquet_meta(shard_path)[1][-1])
+            count = int(self._parquet_meta(shard_path, identity)[1][-1])
         else:
             raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
         with self._lock:
@@ -213,26 +205,39 @@ class ShardCache:
         return count
 
     def read_rows(
-        self, shard: ShardInfo, rows: Sequence[int], text_field: str
-    ) -> list[bytes | str | None]:
+        self,
+        shard: ShardInfo,
+        rows: Sequence[int],
+        text_field: str,
+        max_document_bytes: int | None = None,
+    ) -> list[Row]:
         """Rows ``rows`` of ``shard`` in the requested order (duplicates allowed).
 
         JSONL formats return raw line bytes and ignore ``text_field``; Parquet returns the
-        values of column ``text_field``. Raises :class:`DataError` for unreadable files, a
-        missing column or out-of-range rows.
+        values of column ``text_field``. A row longer than ``max_document_bytes`` is returned
+        as :class:`Oversized` (a plain JSONL one is never read). Raises :class:`DataError` for
+        unreadable files, a missing column or out-of-range rows, and
+        :class:`~.errors.ShardChanged` when the file is no longer the version ``shard``
+        describes (its :attr:`~.datasets.ShardInfo.identity`).
         """
         idx = np.asarray(rows, dtype=np.int64).reshape(-1)
         if shard.format == JSONL:
-            return self._read_plain(shard.path, idx)
+            return self._read_plain(shard, idx, max_document_bytes)
         if shard.format in (JSONL_GZ, JSONL_ZST):
-            data, starts = self._compressed(shard.path, shard.format)
+            data, starts = self._compressed(shard.path, shard.format, shard.identity)
             _check_rows(shard.path, idx, len(starts) - 1)
-            lo = starts[idx]
-            hi = starts[idx + 1] - 1
+            lo = starts[idx].tolist()
+            hi = (starts[idx + 1] - 1).tolist()
+            limit = max_document_bytes
             with memoryview(data) as view:
-                return [view[a:b].tobytes() for a, b in zip(lo.tolist(), hi.tolist())]
+                return [
+                    view[a:b].tobytes() if limit is None or b - a <= limit else Oversized(b - a)
+                    for a, b in zip(lo, hi)
+                ]
         if shard.format == PARQUET:
-            return self._read_parquet(shard.path, idx, text_field)
+            return self._read_parquet(
+                shard.path, idx, text_field, shard.identity, max_document_bytes
+            )
         raise DataError(
             f"shard {shard.path}: unknown format {shard.format!r}; supported: {FORMATS}"
         )
@@ -300,36 +305,40 @@ class ShardCache:
 
     # ------------------------------------------------------------------ JSONL
 
-    def _plain_index(self, path: str) -> np.ndarray:
+    def _plain_index(self, path: str, identity: str) -> np.ndarray:
+        """The line index of version ``identity`` of ``path`` (built once per version)."""
         with self._lock:
-            starts = self._line_index.get(path)
-        if starts is not None:
-            return starts
+            entry = self._line_index.get(path)
+        if entry is not None and entry[0] == identity:
+            return entry[1]
         with self._stripe(path):
             with self._lock:
-                starts = self._line_index.get(path)
-            if starts is not None:
-                return starts
-            try:
-                starts = index_lines(path)
-            except OSError as exc:
-                raise DataError(f"cannot read shard {path}: {exc}") from exc
+                entry = self._line_index.get(path)
+            if entry is not None and entry[0] == identity:
+                return entry[1]
+            starts = _checked_load(path, identity, lambda: index_lines(path))
             with self._lock:
-                self._line_index[path] = starts
+                self._line_index[path] = (identity, starts)
                 self.index_builds += 1
                 self.misses += 1
             logger.debug("indexed %s: %d rows", path, len(starts) - 1)
             return starts
 
-    def _read_plain(self, path: str, idx: np.ndarray) -> list[bytes | str | None]:
-        starts = self._plain_index(path)
+    def _read_plain(self, shard: ShardInfo, idx: np.ndarray, limit: int | None) -> list[Row]:
+        path = shard.path
+        starts = self._plain_index(path, shard.identity)
         _check_rows(path, idx, len(starts) - 1)
-        out: list[bytes | str | None] = [None] * len(idx)
+        out: list[Row] = [None] * len(idx)
         if not len(idx):
             return out
         lo = starts[idx]
         hi = starts[idx + 1] - 1
-        order = np.argsort(lo, kind="stable").tolist()
+        order = np.argsort(lo, kind="stable")
+        if limit is not None:
+            order = self._mark_oversized(hi - lo, limit, order, out)
+        if not len(order):
+            return out
+        order = order.tolist()
         lo_l = lo.tolist()
         hi_l = hi.tolist()
         try:
@@ -337,6 +346,9 @@ class ShardCache:
         except OSError as exc:
             raise DataError(f"cannot read shard {path}: {exc}") from exc
         try:
+            found = _regular_identity(path, os.fstat(fd))  # one fstat per read call
+            if found != shard.identity:
+                raise _changed(path, shard.identity, found)
             run: list[int] = []
             run_lo = run_hi = 0
             for i in order:
@@ -356,6 +368,19 @@ class ShardCache:
         return out
 
     @staticmethod
+    def _mark_oversized(
+        sizes: np.ndarray, limit: int, order: np.ndarray, out: list[Row]
+    ) -> np.ndarray:
+        """Put :class:`Oversized` markers in ``out`` for rows over ``limit``; the read order
+        of the others."""
+        over = sizes > limit
+        if not over.any():
+            return order
+        for i in np.flatnonzero(over).tolist():
+            out[i] = Oversized(int(sizes[i]))
+        return order[~over[order]]
+
+    @staticmethod
     def _pread_run(
         fd: int,
         path: str,
@@ -364,7 +389,7 @@ class ShardCache:
         run_hi: int,
         lo: list[int],
         hi: list[int],
-        out: list[bytes | str | None],
+        out: list[Row],
     ) -> None:
         buf = os.pread(fd, run_hi - run_lo, run_lo) if run_hi > run_lo else b""
         if len(buf) < run_hi - run_lo:
@@ -388,16 +413,13 @@ class ShardCache:
             self._lru_put(key, value, nbytes)
             return value
 
-    def _compressed(self, path: str, fmt: str) -> tuple[bytes | bytearray, np.ndarray]:
-        key = (path, fmt)
+    def _compressed(
+        self, path: str, fmt: str, identity: str
+    ) -> tuple[bytes | bytearray, np.ndarray]:
+        key = (path, fmt, identity)
 
         def load() -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
-            try:
-                data = _decompress(path, fmt)
-            except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
-                raise DataError(f"cannot decompress shard {path} ({fmt}): {exc}") from exc
-            except OSError as exc:
-                raise DataError(f"cannot read shard {path}: {exc}") from exc
+            data = _checked_load(path, identity, lambda: _decompress(path, fmt))
             starts = line_starts(data)
             with self._lock:
                 self.misses += 1
@@ -411,63 +433,144 @@ class ShardCache:
 
     # ------------------------------------------------------------------ Parquet
 
-    def _parquet_meta(self, path: str) -> tuple[Any, np.ndarray, Any]:
+    def _parquet_meta(self, path: str, identity: str) -> tuple[Any, np.ndarray, Any]:
         """(FileMetaData, cumulative row-group bounds, arrow schema) of a Parquet shard."""
         with self._lock:
-            meta = self._parquet.get(path)
-        if meta is not None:
-            return meta
+            entry = self._parquet.get(path)
+        if entry is not None and entry[0] == identity:
+            return entry[1]
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        try:
-            pf = pq.ParquetFile(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise DataError(f"cannot read Parquet shard {path}: {exc}") from exc
+        def open_file() -> Any:
+            try:
+                return pq.ParquetFile(path)
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(f"cannot read Parquet shard {path}: {exc}") from exc
+
+        pf = _checked_load(path, identity, open_file)
         md = pf.metadata
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=bounds[1:])
         meta = (md, bounds, pf.schema_arrow)
         with self._lock:
-            self._parquet[path] = meta
+            self._parquet[path] = (identity, meta)
         return meta
 
     def _read_parquet(
-        self, path: str, idx: np.ndarray, text_field: str
-    ) -> list[bytes | str | None]:
-        md, bounds, schema = self._parquet_meta(path)
+        self, path: str, idx: np.ndarray, text_field: str, identity: str, limit: int | None
+    ) -> list[Row]:
+        md, bounds, schema = self._parquet_meta(path, identity)
         _check_field(path, schema, text_field)
         _check_rows(path, idx, int(bounds[-1]))
         groups = np.searchsorted(bounds, idx, side="right") - 1
-        out: list[bytes | str | None] = [None] * len(idx)
+        out: list[Row] = [None] * len(idx)
         idx_l = idx.tolist()
         for rg in np.unique(groups).tolist():
-            values = self._row_group(path, md, rg, text_field)
+            values, sizes = self._row_group(path, md, rg, text_field, identity)
             base = int(bounds[rg])
             for i in np.flatnonzero(groups == rg).tolist():
                 out[i] = values[idx_l[i] - base]
+            if limit is not None and int(sizes.max(initial=0)) > limit:
+                for i in np.flatnonzero(groups == rg).tolist():
+                    if sizes[idx_l[i] - base] > limit:
+                        out[i] = Oversized(int(sizes[idx_l[i] - base]))
         return out
 
-    def _row_group(self, path: str, md: Any, rg: int, text_field: str) -> list[Any]:
-        def load() -> tuple[list[Any], int]:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+    def _row_group(
+        self, path: str, md: Any, rg: int, text_field: str, identity: str
+    ) -> tuple[list[Any], np.ndarray]:
+        """A row group's values of ``text_field`` and their sizes in bytes (0 for nulls)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
+        def read() -> Any:
             try:
                 pf = pq.ParquetFile(path, metadata=md)
-                column = pf.read_row_group(rg, columns=[text_field]).column(0)
+                return pf.read_row_group(rg, columns=[text_field]).column(0)
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(
                     f"cannot read row group {rg} of Parquet shard {path}: {exc}"
                 ) from exc
+
+        def load() -> tuple[tuple[list[Any], np.ndarray], int]:
+            column = _checked_load(path, identity, read)
             values = column.to_pylist()
+            sizes = _value_sizes(column, values)
             with self._lock:
                 self.misses += 1
                 self.row_group_reads += 1
-            return values, int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values)
+            nbytes = int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values) + sizes.nbytes
+            return (values, sizes), nbytes
 
-        return self._cached((path, PARQUET, text_field, rg), load)  # type: ignore[no-any-return]
+        key = (path, PARQUET, text_field, rg, identity)
+        return self._cached(key, load)  # type: ignore[no-any-return]
+
+
+def _value_sizes(column: Any, values: list[Any]) -> np.ndarray:
+    """Bytes of each value of a string/binary column (UTF-8 length for text, 0 for nulls)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        return np.asarray(pc.binary_length(column).fill_null(0).to_numpy(), dtype=np.int64)
+    except pa.ArrowNotImplementedError:  # e.g. string_view columns
+        return np.array(
+            [0 if v is None else len(v.encode() if isinstance(v, str) else v) for v in values],
+            dtype=np.int64,
+        )
+
+
+def _identity_now(path: str) -> str:
+    """The identity of ``path`` as it is now (:class:`DataError` when it cannot be stat'ed)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise DataError(f"cannot read shard {path}: {exc}") from exc
+    return _regular_identity(path, st)
+
+
+def _regular_identity(path: str, st: os.stat_result) -> str:
+    """The identity of a regular file; anything else in a shard's place is unreadable (a
+    plain :class:`DataError`, which ``on_error: skip`` may skip), not a changed file."""
+    if stat_module.S_ISDIR(st.st_mode):
+        raise DataError(
+            f"cannot read shard {path}: {IsADirectoryError(errno.EISDIR, 'Is a directory')}"
+        )
+    if not stat_module.S_ISREG(st.st_mode):
+        raise DataError(f"cannot read shard {path}: not a regular file")
+    return stat_identity(st)
+
+
+def _checked_load(path: str, identity: str, load: Callable[[], _T]) -> _T:
+    """``load()`` of version ``identity`` of ``path``: the file must have that identity before
+    and still after (a change in between is caught by the second ``stat``)."""
+    before = _identity_now(path)
+    if before != identity:
+        raise _changed(path, identity, before)
+    try:
+        value = load()
+    except OSError as exc:
+        raise DataError(f"cannot read shard {path}: {exc}") from exc
+    after = _identity_now(path)
+    if after != before:
+        raise ShardChanged(
+            f"shard {path} changed while it was being read ({describe_change(before, after)}); "
+            "is a writer still writing it? Data files must not change while a server uses "
+            "them: wait until the file is complete, then restart"
+        )
+    return value
+
+
+def _changed(path: str, expected: str, found: str) -> ShardChanged:
+    """The error for a shard read (or counted) as ``expected`` that is now ``found``."""
+    return ShardChanged(
+        f"shard {path} changed after it was indexed ({describe_change(expected, found)}); "
+        "its rows are never read through the index of another version. Data files must not "
+        "change while a server uses them: restore the original file, or restart the server to "
+        "use the new content (a resume onto the changed data is refused: start a new run)"
+    )
 
 
 def _check_field(path: str, schema: Any, text_field: str) -> None:

@@ -8,7 +8,11 @@ Touching a handle as if it were an array raises a :class:`ContractError` that na
 
 The main process owns every block: it counts the handles of a block when the result arrives
 (:func:`register_results`), unlinks the block once they are all resolved, and unlinks any
-remaining block when the runner closes (:func:`release_all`).
+remaining block when the runner closes (:func:`release_all`). If it dies first, two things
+remove its blocks: multiprocessing's resource tracker (shared by the main process and its
+workers, all of which register the blocks they make or map) unlinks every registered block
+still there once the last of them has exited; and a block left even so (the tracker killed
+too) names its owner (:mod:`.shm_owner`), so the next start-up on the host removes it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import shm_owner
 from .errors import ContractError
 from .records import SampleRecord
 
@@ -73,7 +78,8 @@ _pending: dict[str, int] = {}  # main process: block -> unresolved handle count
 
 
 def _untrack(shm: shared_memory.SharedMemory) -> None:
-    # The creating/attaching process must not unlink blocks at exit: the main process owns them.
+    # A block closed without unlinking (still in use elsewhere) must not be unlinked by the
+    # tracker when this process's group exits.
     try:
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     except Exception:  # pragma: no cover - tracker differences across versions
@@ -92,8 +98,7 @@ def export_results(results: list[Any]) -> list[Any]:
     total = sum(v.nbytes for _, _, v in arrays)
     if total < MIN_SHM_BYTES:
         return results
-    shm = shared_memory.SharedMemory(create=True, size=total)
-    _untrack(shm)
+    shm = _create_block(total)
     buf = np.ndarray((total,), dtype=np.uint8, buffer=shm.buf)
     offset = 0
     payloads: dict[int, dict[str, Any]] = {}
@@ -111,6 +116,19 @@ def export_results(results: list[Any]) -> list[Any]:
     for i, payload in payloads.items():
         out[i] = SampleRecord(payload, results[i].meta)
     return out
+
+
+def _create_block(size: int) -> shared_memory.SharedMemory:
+    """A new block named after this process's owner. It stays registered with the resource
+    tracker, which unlinks it if the owner dies before it does."""
+    while True:
+        name = shm_owner.block_name()
+        try:
+            return shared_memory.SharedMemory(name=name, create=True, size=size)
+        except FileExistsError:
+            if name is None:
+                raise
+            continue  # 32 random bits collided: take another
 
 
 def register_results(results: list[Any]) -> None:

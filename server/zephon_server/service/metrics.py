@@ -20,6 +20,7 @@ from .. import __version__
 from ..allocator import current_name
 from ..engine.hub import LaneHub
 from ..engine.records import SampleBatch
+from ..engine.replay_cache import ReplayCache
 
 
 class ServiceMetrics:
@@ -74,6 +75,7 @@ class ServiceMetrics:
         self._lock = threading.Lock()
         if hub is not None:
             registry.register(EngineCollector(hub))
+        registry.register(ReplayCacheCollector(hub.replay_cache if hub is not None else None))
 
     def sent(
         self, message: bytes, batches: Sequence[SampleBatch], *, in_ring: bool = False
@@ -201,7 +203,8 @@ class EngineCollector(Collector):
         yield replayed
         skipped = CounterMetricFamily(
             "zephon_records_skipped",
-            "Malformed or unreadable records skipped (on_error: skip)",
+            "Records skipped under on_error: skip (malformed, read_error, tokenize_error, "
+            "too_large)",
             labels=["dataset"],
         )
         for dataset, n in run_stats.get("skipped", {}).items():
@@ -210,7 +213,7 @@ class EngineCollector(Collector):
         dropped = CounterMetricFamily(
             "zephon_records_dropped",
             "Records closed without tokens, by dataset and reason (malformed, read_error, "
-            "empty, filtered, oversized, dropped_last...)",
+            "tokenize_error, too_large, empty, filtered, oversized, dropped_last...)",
             labels=["dataset", "reason"],
         )
         for (dataset, reason), n in sorted(dict(run.tombstones).items()):
@@ -232,6 +235,46 @@ class EngineCollector(Collector):
             share.add_metric([d.spec.name], shares.get(d.spec.name, 0.0))
         yield share
         yield target
+
+
+class ReplayCacheCollector(Collector):
+    """The replay cache's byte ledger at scrape time (shared by every process writing the
+    cache, so worker processes' writes and skips are included); empty without a cache."""
+
+    def __init__(self, cache: ReplayCache | None) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Any]:
+        used = GaugeMetricFamily(
+            "zephon_replay_cache_bytes", "Disk the replay cache takes (whole blocks)"
+        )
+        budget = GaugeMetricFamily(
+            "zephon_replay_cache_budget_bytes", "The replay cache's --replay-cache-max-bytes"
+        )
+        evicted = CounterMetricFamily(
+            "zephon_replay_cache_evicted_bytes",
+            "Replay-cache bytes evicted to stay within the budget or the kept epochs",
+        )
+        skipped = CounterMetricFamily(
+            "zephon_replay_cache_writes_skipped",
+            "Replay-cache entries not written: budget (does not fit even after eviction), "
+            "low_disk (would leave less than the reserve free), disk_full (ENOSPC, and the "
+            "pause after it)",
+            labels=["reason"],
+        )
+        cache = self.cache
+        counts = cache.usage() if cache is not None else None
+        if cache is not None and counts is not None:
+            used.add_metric([], counts.bytes)
+            budget.add_metric([], cache.budget.max_bytes)
+            evicted.add_metric([], counts.evicted_bytes)
+            skipped.add_metric(["budget"], counts.skipped_budget)
+            skipped.add_metric(["low_disk"], counts.skipped_low_disk)
+            skipped.add_metric(["disk_full"], counts.skipped_disk_full)
+        yield used
+        yield budget
+        yield evicted
+        yield skipped
 
 
 def _flow_metrics(stats: dict[str, Any]) -> Iterator[Any]:

@@ -1,10 +1,13 @@
 """``zephon serve``: host a pipeline over gRPC with health, reflection and metrics.
 
-Start-up: load the pipeline (``--config``, ``--pipeline`` or the embedded default), open the
-state directory, restore ``--resume`` (``latest``, a checkpoint id or a file), start the hub,
-then serve. SIGTERM/SIGINT drain: health turns NOT_SERVING at once, open streams end with
-UNAVAILABLE (clients reconnect elsewhere or later), and the process exits 0 within
-``--drain-grace`` seconds.
+Start-up: load the pipeline (``--config``, ``--pipeline`` or the embedded default), check the
+TLS files and the address (:mod:`.listen`), open the state directory, restore ``--resume``
+(``latest``, ``latest-or-fresh``, a checkpoint id or a file; signed ones only with a checkpoint
+key), start the hub, then serve. A requested resume never becomes a silent fresh start. A
+SIGTERM/SIGINT before the hub starts stops the start-up (exit 0, :mod:`..stop_signals`);
+afterwards it drains: health turns NOT_SERVING at once, open streams end with UNAVAILABLE
+(clients reconnect elsewhere or later), and the process exits 0 within ``--drain-grace``
+seconds.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -22,19 +27,33 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from zephon_proto.v1 import data_service_pb2 as pb
 
 from .. import gc_policy
 from ..allocator import CHOICES as ALLOCATORS
 from ..allocator import ENV as ALLOCATOR_ENV
-from ..engine.checkpoint import CheckpointStore, ResumeState, read_state_file
+from ..cli import CHECKPOINT_KEY_ENV, checkpoint_key_from_args
+from ..engine import shm_owner
+from ..engine.cache_budget import CacheBudget
+from ..engine.checkpoint import (
+    CHECKPOINT_ID,
+    CheckpointStore,
+    NoUsableCheckpoint,
+    ResumeState,
+    read_state_file,
+)
+from ..engine.checkpoint_key import CheckpointKey
 from ..engine.errors import ZephonError
 from ..engine.hub import LaneHub
 from ..engine.replay_cache import ReplayCache
+from ..stop_signals import StopSignals
 from .auth import TokenAuthInterceptor
+from .listen import check_tls_files, listen_problem
+from .malformed import MalformedRequestInterceptor
 from .metrics import ServiceMetrics
+from .metrics_http import MetricsHTTPServer, add_metrics_arguments, config_from_args, describe
 from .ring import DEFAULT_MAX_MIB, sweep_stale
 from .servicer import LINGER, DataService, add_to_server
 
@@ -54,6 +73,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="serve Prometheus /metrics on this port (default: off)",
     )
+    add_metrics_arguments(p)
     p.add_argument("--state-dir", default=None, help="directory for checkpoints")
     p.add_argument(
         "--keep-checkpoints",
@@ -78,7 +98,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resume",
         default=None,
-        help="'latest', a checkpoint id from --state-dir, or a checkpoint file",
+        help="'latest' (the newest usable checkpoint in --state-dir; fresh when it holds none, "
+        "a start-up failure when every one is refused), 'latest-or-fresh' (also fresh when "
+        "every one is refused), a checkpoint id from --state-dir, or a checkpoint file",
     )
     p.add_argument(
         "--lanes", default=None, help="serve only these lanes, e.g. 0-3 (lane-sharded servers)"
@@ -142,6 +164,23 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "die young), here and in --runner processes workers; 'default' keeps CPython's",
     )
     p.add_argument(
+        "--checkpoint-key-file",
+        default=None,
+        metavar="PATH",
+        help="sign every checkpoint written with the key in this file (HMAC-SHA256; at least "
+        "16 bytes, e.g. from openssl rand -hex 32) and refuse every one read that it did not "
+        f"sign; or set {CHECKPOINT_KEY_ENV} to the key (default: unsigned, as before)",
+    )
+    p.add_argument(
+        "--replay-cache-max-bytes",
+        default="auto",
+        metavar="BYTES",
+        help="disk the replay cache may take, e.g. 2G or 500M ('auto', the default: a tenth "
+        "of the size of its filesystem, at most 8G); it evicts its oldest entries to stay "
+        "within it, and writes nothing while its filesystem has less than a twentieth of its "
+        "size (at most 1G) free, which is left for checkpoints",
+    )
+    p.add_argument(
         "--max-replays",
         type=int,
         default=DEFAULT_MAX_REPLAYS,
@@ -162,22 +201,53 @@ def max_replays_from_args(args: argparse.Namespace) -> int:
     return n
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, flag: str) -> int:
+    """Bytes from ``123``, ``500M``, ``2G``, ``2GiB`` (powers of 1024)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ZephonError(
+            f"{flag} must be a number of bytes with an optional K, M, G or T suffix (powers "
+            f"of 1024), e.g. 2G, or 'auto'; got {text!r}"
+        )
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+
+
 def replay_cache_from_args(args: argparse.Namespace) -> ReplayCache | None:
-    """The replay cache ``--replay-cache`` / ``--state-dir`` ask for (None when off)."""
+    """The replay cache ``--replay-cache`` / ``--state-dir`` ask for (None when off), with
+    its ``--replay-cache-max-bytes`` budget."""
     where = getattr(args, "replay_cache", None)
     epochs = getattr(args, "replay_cache_epochs", 2)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ZephonError(f"--replay-cache-epochs must be an integer >= 1, got {epochs!r}")
+    size = getattr(args, "replay_cache_max_bytes", "auto")
+    max_bytes = None if size == "auto" else parse_size(size, "--replay-cache-max-bytes")
+    if max_bytes == 0:
+        raise ZephonError(
+            "--replay-cache-max-bytes must be more than 0 (to turn the cache off use "
+            "--replay-cache off)"
+        )
     if where == "off":
         return None
     if where is None:
         if not args.state_dir:
             return None
         where = str(Path(args.state_dir) / "replay-cache")
-    return ReplayCache(where, keep_epochs=epochs)
+    budget = CacheBudget.for_path(where, max_bytes)
+    log.info(
+        "replay cache %s: at most %d bytes; leaves %d bytes free on its filesystem",
+        where,
+        budget.max_bytes,
+        budget.reserve_bytes,
+    )
+    return ReplayCache(where, keep_epochs=epochs, budget=budget)
 
 
-def store_from_args(args: argparse.Namespace) -> CheckpointStore | None:
+def store_from_args(
+    args: argparse.Namespace, key: CheckpointKey | None = None
+) -> CheckpointStore | None:
     """The checkpoint store ``--state-dir`` / ``--keep-checkpoints`` ask for (None without)."""
     keep = getattr(args, "keep_checkpoints", 0)
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
@@ -186,7 +256,7 @@ def store_from_args(args: argparse.Namespace) -> CheckpointStore | None:
         if keep:
             raise ZephonError("--keep-checkpoints needs --state-dir (where checkpoints are kept)")
         return None
-    return CheckpointStore(args.state_dir, keep=keep)
+    return CheckpointStore(args.state_dir, keep=keep, key=key)
 
 
 def linger_from_args(args: argparse.Namespace) -> float:
@@ -211,37 +281,100 @@ def ring_mib_from_args(args: argparse.Namespace) -> int:
     return mib
 
 
-def _resume_state(arg: str | None, store: CheckpointStore | None) -> tuple[ResumeState | None, str]:
+RESUME_LATEST = "latest"
+RESUME_LATEST_OR_FRESH = "latest-or-fresh"
+
+
+def _start_hub(
+    arg: str | None,
+    store: CheckpointStore | None,
+    start: Callable[[ResumeState | None], None],
+    key: CheckpointKey | None,
+) -> str:
+    """Start the hub (``start``) as ``--resume`` asks; returns where it resumed from ('' for
+    a fresh start). Refusals are errors naming the checkpoint and the fix."""
     if not arg:
-        return None, ""
-    if arg == "latest":
+        start(None)
+        return ""
+    if arg in (RESUME_LATEST, RESUME_LATEST_OR_FRESH):
         if store is None:
-            raise ZephonError("--resume latest needs --state-dir")
-        found = store.latest()
-        if found is None:
-            log.warning("--resume latest: no checkpoint in %s yet; starting fresh", store.dir)
-            return None, ""
-        return found[1], found[0]
-    if Path(arg).is_file():
-        return read_state_file(arg), arg
-    if store is None:
+            raise ZephonError(f"--resume {arg} needs --state-dir")
+        return _start_latest(arg, store, start)
+    if Path(arg).exists() and not (store is not None and CHECKPOINT_ID.match(arg)):
+        state = read_state_file(arg, key)  # a file; a directory or unreadable one is refused
+    elif store is None:
         raise ZephonError(f"--resume {arg!r}: not a file, and there is no --state-dir for ids")
-    return store.load(arg), arg
+    else:
+        state = store.load(arg)
+    start(state)
+    return arg
+
+
+def _start_latest(
+    arg: str, store: CheckpointStore, start: Callable[[ResumeState | None], None]
+) -> str:
+    """``--resume latest`` / ``latest-or-fresh``: the newest checkpoint the hub accepts.
+
+    No checkpoint file at all is a first start (fresh, with a warning). Files that exist but
+    are all refused stop the start-up for ``latest``, and start fresh with a warning listing
+    them for ``latest-or-fresh``.
+    """
+    pick = store.pick_latest(accept=start)
+    if pick.found is not None:
+        return pick.found[0]
+    if not pick.refused:
+        log.warning("--resume %s: no checkpoint in %s yet; starting fresh", arg, store.dir)
+        start(None)
+        return ""
+    refused = pick.describe()
+    if arg == RESUME_LATEST:
+        raise NoUsableCheckpoint(
+            f"--resume latest: no usable checkpoint in {store.dir} ({len(pick.refused)} "
+            f"refused: {refused}); fix or move the files, resume another one with --resume "
+            "ID or FILE, or start fresh with --resume latest-or-fresh"
+        )
+    log.warning(
+        "--resume latest-or-fresh: no usable checkpoint in %s, STARTING FRESH from seq 0 "
+        "(%d refused: %s)",
+        store.dir,
+        len(pick.refused),
+        refused,
+    )
+    start(None)
+    return ""
 
 
 def _credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
+    """The TLS credentials ``--tls-*`` ask for (None: plaintext), the files checked first."""
     if not args.tls_cert and not args.tls_key:
         if args.tls_client_ca:
             raise ZephonError("--tls-client-ca needs --tls-cert and --tls-key")
         return None
     if not (args.tls_cert and args.tls_key):
         raise ZephonError("TLS needs both --tls-cert and --tls-key")
-    key = Path(args.tls_key).read_bytes()
-    cert = Path(args.tls_cert).read_bytes()
-    ca = Path(args.tls_client_ca).read_bytes() if args.tls_client_ca else None
+    key, cert, ca = check_tls_files(args.tls_cert, args.tls_key, args.tls_client_ca)
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )
+
+
+def _bind(server: grpc.Server, host: str, port: int, creds: grpc.ServerCredentials | None) -> int:
+    """Bind ``host:port``; the bound port. Why it cannot be bound is checked first, so the
+    error names the cause (a port in use, a host name that does not resolve...)."""
+    address = f"{host}:{port}"
+    problem = listen_problem(host, port)
+    if problem is None:
+        try:
+            if creds is not None:
+                bound = server.add_secure_port(address, creds)
+            else:
+                bound = server.add_insecure_port(address)
+        except RuntimeError:
+            bound = 0
+        if bound:
+            return int(bound)
+        problem = "gRPC could not bind it (GRPC_VERBOSITY=debug in the environment shows why)"
+    raise ZephonError(f"cannot listen on {address}: {problem}")
 
 
 class Server:
@@ -251,7 +384,9 @@ class Server:
         from ..cli import parse_lanes
 
         self.args = args
-        self.store = store_from_args(args)
+        creds = _credentials(args)  # before the slow part: bad TLS files fail at once
+        self.checkpoint_key = checkpoint_key_from_args(args)
+        self.store = store_from_args(args, self.checkpoint_key)
         self.hub = LaneHub(
             pipeline,
             execution,
@@ -259,10 +394,15 @@ class Server:
             store=self.store,
             max_ahead=args.max_ahead,
             replay_cache=replay_cache_from_args(args),
+            checkpoint_key=self.checkpoint_key,
             max_replays=max_replays_from_args(args),
         )
         self.registry = CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry, self.hub)
+        metrics_config = config_from_args(args, os.environ)
+        self.metrics_http = (
+            MetricsHTTPServer(metrics_config, self.registry) if metrics_config else None
+        )
         self.service = DataService(
             self.hub,
             metrics=self.metrics,
@@ -272,7 +412,8 @@ class Server:
         )
         self.health = health.HealthServicer()
         token = args.auth_token or os.environ.get("ZEPHON_AUTH_TOKEN") or None
-        interceptors = [TokenAuthInterceptor(token)] if token else []
+        interceptors: list[grpc.ServerInterceptor] = [TokenAuthInterceptor(token)] if token else []
+        interceptors.append(MalformedRequestInterceptor())  # after auth: no one else gets here
         self.grpc = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=args.max_streams + 32, thread_name_prefix="zephon-rpc"
@@ -280,12 +421,16 @@ class Server:
             interceptors=interceptors,
             options=[
                 ("grpc.max_send_message_length", 256 << 20),
-                ("grpc.max_receive_message_length", 64 << 20),
+                # The largest legitimate request is a Resume with checkpoint bytes (limits.py)
+                ("grpc.max_receive_message_length", self.service.limits.receive_max_bytes),
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.ping_timeout_ms", 10_000),  # what gRPC times pings out by
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
+                # Without this a second server on a busy port binds it too, and the kernel
+                # shares the connections between both.
+                ("grpc.so_reuseport", 0),
             ],
             maximum_concurrent_rpcs=args.max_streams + 64,
         )
@@ -299,15 +444,7 @@ class Server:
             ),
             self.grpc,
         )
-        address = f"{args.host}:{args.port}"
-        creds = _credentials(args)
-        self.port = (
-            self.grpc.add_secure_port(address, creds)
-            if creds
-            else self.grpc.add_insecure_port(address)
-        )
-        if not self.port:
-            raise ZephonError(f"cannot listen on {address}")
+        self.port = _bind(self.grpc, args.host, args.port, creds)
         self._stopped = threading.Event()
         self._drain_lock = threading.Lock()
         self._draining = False
@@ -336,16 +473,20 @@ class Server:
             )
 
     def start(self) -> None:
-        state, source = _resume_state(self.args.resume, self.store)
-        self.hub.start(resume=state)
+        """Start the hub (resuming as ``--resume`` asks), metrics and gRPC; health SERVING."""
+        key = self.checkpoint_key
+        source = _start_hub(self.args.resume, self.store, self.hub.start, key)
+        if key is not None:
+            log.info("checkpoints are signed and verified (key from %s)", key.source)
         if source:
             self.hub.resumed_from = source
             log.info("resumed from %s at %s", source, self.hub.positions())
-        if self.args.metrics_port is not None:
-            start_http_server(self.args.metrics_port, addr=self.args.host, registry=self.registry)
-            log.info("metrics on http://%s:%d/metrics", self.args.host, self.args.metrics_port)
+        if self.metrics_http is not None:
+            self.metrics_http.start()
+            self._log_metrics(self.metrics_http)
         if self.service.ring_mib:
             sweep_stale()
+        shm_owner.sweep_stale()  # payload blocks and semaphores of processes that died
         self.grpc.start()
         with self._drain_lock:
             self._serving = True
@@ -369,6 +510,28 @@ class Server:
         )
         if self.args.log_interval > 0:
             threading.Thread(target=self._progress, name="zephon-progress", daemon=True).start()
+
+    def _log_metrics(self, metrics: MetricsHTTPServer) -> None:
+        config = metrics.config
+        log.info("metrics on %s (%s)", metrics.url, describe(config))
+        grpc_secured = bool(self.args.tls_cert or self.args.auth_token)
+        grpc_secured = grpc_secured or bool(os.environ.get("ZEPHON_AUTH_TOKEN"))
+        if grpc_secured and not (config.loopback or config.schemes or config.client_cafile):
+            log.warning(
+                "/metrics on %s needs no credentials while gRPC does: anyone who reaches port "
+                "%d reads them; set ZEPHON_METRICS_TOKEN (or --metrics-auth-token) or "
+                "--metrics-basic-auth-file",
+                config.host,
+                metrics.port,
+            )
+
+    def close(self) -> None:
+        """Stop at once what :meth:`start` began (the start-up failed or was interrupted)."""
+        self.grpc.stop(0)
+        self.hub.stop()
+        if self.metrics_http is not None:
+            self.metrics_http.close()
+        self._stopped.set()
 
     def drain(self) -> None:
         """Graceful stop: NOT_SERVING, refuse new streams, end open ones, stop."""
@@ -422,8 +585,16 @@ class Server:
             last_batches, last_tokens, last = batches, tokens, now
 
 
-def serve(args: argparse.Namespace, pipeline: Any, execution: Any) -> int:
-    """Run the server until SIGTERM/SIGINT; returns the exit code."""
+def serve(
+    args: argparse.Namespace, pipeline: Any, execution: Any, signals: StopSignals | None = None
+) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit code.
+
+    ``signals``: the stop-signal handling the command line installed at its start (a signal
+    before the hand-over below interrupts the start-up); None installs it here.
+    """
+    if signals is None:
+        signals = StopSignals.install()
     gc_mode = gc_policy.check(getattr(args, "gc", "tuned"))
     server = Server(args, pipeline, execution)
     gc_policy.export(gc_mode)  # before the runner starts its worker processes
@@ -431,20 +602,23 @@ def serve(args: argparse.Namespace, pipeline: Any, execution: Any) -> int:
     log.info("garbage collector: %s", gc_mode)
     started = threading.Event()
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int) -> None:
         log.info("received %s", signal.Signals(signum).name)
 
         def stop() -> None:
-            started.wait()  # a signal during start-up drains once the server is up
+            started.wait()  # a signal during start() drains once the server is up
             server.drain()
 
         threading.Thread(target=stop, name="zephon-drain", daemon=True).start()
 
-    # Before start(), which logs "serving ...": a SIGTERM sent on seeing that line is a drain,
-    # not the default action (exit code -15).
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.start()
+    # From here threads and worker processes start: a signal drains (after start()) rather
+    # than interrupting, and one sent on seeing "serving ..." is a drain, never exit -15.
+    signals.hand_over(on_signal)
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
     started.set()
     server.wait()
     return 0

@@ -5,6 +5,9 @@ first client message (``OpenLane``), then serves the lane in seq order while a h
 reads acknowledgements; at most ``window`` batches are sent beyond the last acknowledgement,
 so a slow consumer is held back without holding back other lanes. A client on the same host
 gets the tensor bytes through a shared-memory ring (:mod:`.ring`).
+
+Every request is checked against :mod:`.limits` before it reaches the hub; requests that do
+not decode never get here (:mod:`.malformed` answers them).
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from .. import __version__
-from ..engine.checkpoint import ResumeState
+from ..engine.checkpoint import CheckpointNotSaved, ResumeState
 from ..engine.hub import EndOfLane, HubClosed, LaneHub, ReplayLimit
 from .encoding import encode_batches
-from .errors import abort
+from .errors import InvalidRequest, abort
+from .limits import RequestLimits
 from .metrics import ServiceMetrics
+from .ratelimit import RateLimitedLog
 from .ring import DEFAULT_MAX_MIB, Ring, ring_size
 from .wire import end_response
 
@@ -69,6 +74,10 @@ class DataService(pb_grpc.DataServiceServicer):
         self.window = window
         self.linger = linger
         self.ring_mib = ring_mib  # the largest shared-memory ring a stream gets; 0: none
+        self.limits = RequestLimits(
+            num_lanes=hub.num_lanes, served=tuple(hub.lanes), num_datasets=len(hub.plan.datasets)
+        )
+        self.reports = RateLimitedLog(log)
         self.draining = threading.Event()
         self._lock = threading.Lock()
         self._streams = 0
@@ -105,11 +114,13 @@ class DataService(pb_grpc.DataServiceServicer):
     def Checkpoint(
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext
     ) -> pb.CheckpointResponse:
-        positions = {p.lane: p.next_seq for p in request.positions}
         start = time.monotonic()
         try:
+            positions = self.limits.check_checkpoint(request)
             cid, data, state = self.hub.checkpoint(positions, tag=request.tag)
         except Exception as exc:
+            if isinstance(exc, CheckpointNotSaved):
+                self.reports.warning(type(exc).__name__, "checkpoint refused: %s", exc)
             abort(context, exc)
         self.metrics.checkpoint_done(time.monotonic() - start, len(data))
         log.info(
@@ -128,6 +139,7 @@ class DataService(pb_grpc.DataServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "ResumeRequest needs checkpoint_id or state"
             )
         try:
+            self.limits.check_resume(request, kind)
             if kind == "checkpoint_id":
                 if self.hub.store is None:
                     raise_not_found(request.checkpoint_id)
@@ -135,7 +147,7 @@ class DataService(pb_grpc.DataServiceServicer):
                 state = self.hub.store.load(request.checkpoint_id)
                 source = request.checkpoint_id
             else:
-                state = ResumeState.decode(request.state)
+                state = ResumeState.decode(request.state, self.hub.checkpoint_key)
                 source = "bytes"
             positions = self.hub.resume(state, source=source)
         except Exception as exc:
@@ -177,6 +189,10 @@ class DataService(pb_grpc.DataServiceServicer):
                 "the first StreamBatches message must be OpenLane(lane, start_seq)",
             )
         assert first is not None
+        try:
+            self.limits.check_open(first.open)
+        except InvalidRequest as exc:
+            abort(context, exc)
         lane, start = first.open.lane, first.open.start_seq
         name = first.open.consumer
         per_message = min(max(first.open.max_batches_per_message, 1), MAX_BATCHES_PER_MESSAGE)
@@ -294,7 +310,10 @@ class DataService(pb_grpc.DataServiceServicer):
                 kind = msg.WhichOneof("kind")
                 if kind == "ring":
                     ring = acked.ring
-                    if ring is None or ring.answered:
+                    problem = _ring_reply_problem(msg.ring)
+                    if problem:
+                        acked.fail(problem)
+                    elif ring is None or ring.answered:
                         acked.fail(
                             "RingReply without a RingOffer to answer: send one only after "
                             "the server offered a ring, and only once"
@@ -326,7 +345,10 @@ class DataService(pb_grpc.DataServiceServicer):
         except grpc.RpcError:
             pass
         except Exception:
+            # e.g. a message that did not decode (the interceptor aborted the call): end the
+            # stream, which may be waiting in the hub for the lane's next batch.
             log.debug("ack reader for lane %d ended", lane, exc_info=True)
+            self.hub.close_consumer(lane, consumer)
         finally:
             acked.close()
 
@@ -417,6 +439,15 @@ def raise_not_found(checkpoint_id: str) -> Any:
     raise UnknownCheckpoint(
         f"unknown checkpoint id {checkpoint_id!r}: this server has no --state-dir"
     )
+
+
+def _ring_reply_problem(reply: pb.RingReply) -> str:
+    """Why a RingReply is refused ('' when it is fine)."""
+    try:
+        RequestLimits.check_ring_reply(reply)
+    except InvalidRequest as exc:
+        return str(exc)
+    return ""
 
 
 def _tensor_names(hub: LaneHub) -> list[str]:

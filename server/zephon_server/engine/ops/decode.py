@@ -1,9 +1,12 @@
 """``decode_text``: JSON lines and Parquet values to ``{"text": str}``.
 
-A malformed record (bad JSON, not an object, missing or non-string text field, invalid
-UTF-8) follows its dataset's ``on_error`` policy: ``fail`` raises a :class:`DataError` naming
-the file and line (or row), ``skip`` replaces the record by a tombstone (reason
-``malformed``) so the document is still closed exactly once and the skip is counted.
+A record that cannot be decoded follows its dataset's ``on_error`` policy
+(:mod:`.bad_record`): bad JSON, not an object, a missing or non-string text field, invalid
+UTF-8, and *any* exception the parser raises on one record (JSON nested too deeply for the
+parser's recursion limit, a number too long to convert, memory) are that record's problem,
+never the pipeline's: ``fail`` raises a :class:`DataError` naming the file and line (or row),
+``skip`` replaces the record by a tombstone (reason ``malformed``) so the document is still
+closed exactly once and the skip is counted.
 """
 
 from __future__ import annotations
@@ -11,9 +14,45 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import DataError
 from ..records import SampleRecord
+from .bad_record import describe_exception, on_bad_record
 from .base import OpContext, Operator
+
+
+def _text_of(payload: dict[str, Any], field: str) -> tuple[Any, str | None]:
+    """(text, None) for a good record, (None, problem) for a malformed one."""
+    if "raw" not in payload:
+        text = payload.get("text")
+        if text is None:
+            return None, f"missing text field {field!r} (null value)"
+    else:
+        try:
+            obj = json.loads(payload["raw"])
+        except Exception as exc:  # any failure parsing one record is that record's problem
+            return None, _parse_problem(exc)
+        if not isinstance(obj, dict):
+            return None, f"expected a JSON object, got {type(obj).__name__}"
+        if field not in obj:
+            return None, f"missing text field {field!r} (fields: {sorted(obj)[:8]})"
+        text = obj[field]
+    if not isinstance(text, str):
+        return None, f"text field {field!r} is {type(text).__name__}, not a string"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None, "invalid UTF-8 (lone surrogate in text)"
+    return text, None
+
+
+def _parse_problem(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"invalid UTF-8 ({exc.reason} at byte {exc.start})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"bad JSON ({exc})"
+    if isinstance(exc, RecursionError):
+        return f"JSON nested too deeply to parse ({describe_exception(exc)})"
+    return f"cannot parse the record ({describe_exception(exc)})"
 
 
 class DecodeText(Operator):
@@ -28,49 +67,14 @@ class DecodeText(Operator):
 
     def process_many(self, elems: list[Any]) -> list[Any]:
         out = []
-        loads = json.loads
         for rec in elems:
-            payload = rec.payload
             info = self._datasets[rec.meta.dataset_id]
-            field = info.spec.text_field
-            problem = None
-            text: Any = None
-            if "raw" in payload:
-                try:
-                    obj = loads(payload["raw"])
-                except UnicodeDecodeError as exc:
-                    problem = f"invalid UTF-8 ({exc.reason} at byte {exc.start})"
-                except ValueError as exc:
-                    problem = f"bad JSON ({exc})"
-                else:
-                    if not isinstance(obj, dict):
-                        problem = f"expected a JSON object, got {type(obj).__name__}"
-                    elif field not in obj:
-                        problem = f"missing text field {field!r} (fields: {sorted(obj)[:8]})"
-                    else:
-                        text = obj[field]
-            else:
-                text = payload.get("text")
-                if text is None:
-                    problem = f"missing text field {field!r} (null value)"
-            if problem is None and not isinstance(text, str):
-                problem = f"text field {field!r} is {type(text).__name__}, not a string"
-            if problem is None and not text.isascii():
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError:
-                    problem = "invalid UTF-8 (lone surrogate in text)"
+            try:
+                text, problem = _text_of(rec.payload, info.spec.text_field)
+            except Exception as exc:  # whatever else fails on one record
+                text, problem = None, f"cannot decode the record ({describe_exception(exc)})"
             if problem is None:
                 out.append(SampleRecord({"text": text}, rec.meta))
-                continue
-            if info.spec.on_error == "skip":
-                out.append(rec.tombstone("malformed"))
-                continue
-            doc = rec.meta.doc
-            shard = info.shards[doc.shard]
-            where = f"row {doc.row}" if shard.format == "parquet" else f"line {doc.row + 1}"
-            raise DataError(
-                f"dataset {info.spec.name!r}: {shard.path}:{where}: {problem}; fix the record or "
-                f"set on_error: skip on dataset {info.spec.name!r} to skip and count such records"
-            )
+            else:
+                out.append(on_bad_record(rec, info, "malformed", problem))
         return out

@@ -3,7 +3,9 @@
 Pointers are grouped by shard so each shard is touched once per micro-batch and only the
 requested rows are read (the shard cache keeps JSONL line indexes and decompressed shards).
 JSONL rows come out as ``{"raw": bytes}``, Parquet rows as ``{"text": str | None}``;
-``decode_text`` turns both into text.
+``decode_text`` turns both into text. A row larger than its dataset's ``max_document_bytes``
+(a plain JSONL one is not even read) follows the dataset's ``on_error``: a :class:`DataError`
+naming the file, line, size and limit, or a tombstone with reason ``too_large``.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from ..errors import DataError
+from ..errors import DataError, ShardChanged
 from ..records import SampleRecord
+from ..shards import Oversized
+from .bad_record import on_bad_record
 from .base import OpContext, Operator
 
 log = logging.getLogger(__name__)
@@ -43,16 +47,31 @@ class Fetch(Operator):
             info = self._datasets[ds_index]
             shard = info.shards[shard_index]
             rows = [elems[i].meta.doc.row for i in positions]
+            limit = info.spec.max_document_bytes
             try:
-                values = self._cache.read_rows(shard, rows, info.spec.text_field)
+                values = self._cache.read_rows(shard, rows, info.spec.text_field, limit)
             except DataError as exc:
-                if info.spec.on_error != "skip":
-                    raise
+                if info.spec.on_error != "skip" or isinstance(exc, ShardChanged):
+                    raise  # a changed file is other data, not a bad record: never skipped
                 log.warning("skipping %d rows of unreadable shard: %s", len(positions), exc)
                 for i in positions:
                     out[i] = elems[i].tombstone("read_error")
                 continue
             key = "text" if shard.format == "parquet" else "raw"
             for i, value in zip(positions, values):
-                out[i] = SampleRecord({key: value}, elems[i].meta)
+                if type(value) is Oversized:
+                    out[i] = _too_large(elems[i], info, value.size)
+                else:
+                    out[i] = SampleRecord({key: value}, elems[i].meta)
         return out
+
+
+def _too_large(rec: SampleRecord, info: Any, size: int) -> SampleRecord:
+    limit = info.spec.max_document_bytes
+    return on_bad_record(
+        rec,
+        info,
+        "too_large",
+        f"document of {size} bytes is larger than max_document_bytes ({limit})",
+        fix=f"raise max_document_bytes on dataset {info.spec.name!r} or remove the document",
+    )

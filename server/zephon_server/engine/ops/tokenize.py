@@ -3,6 +3,11 @@
 Adds BOS/EOS when asked. With ``max_length`` a longer document is split into children of at
 most ``max_length`` tokens; child ``k`` gets cursor ``parent + (k,)`` and only the last child
 closes the document. Payload out: ``{"input_ids": int32 array}``.
+
+A micro-batch is encoded with one batched call. If that call raises, the records are encoded
+one by one to find the one(s) at fault: each follows its dataset's ``on_error`` (tombstone
+``tokenize_error`` or a :class:`DataError` naming the file and line), and every other record
+of the micro-batch gets exactly the ids the batched call would have given it.
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..records import SampleRecord, Span
 from ..replay_cache import REPLAY_CACHE, ReplayCache
 from ..tokenizer import Tokenizer, load_tokenizer
+from .bad_record import describe_exception, on_bad_record
 from .base import OpContext, Operator
+
+#: Token ids per record, and the exception of each record the tokenizer failed on (by index).
+Encoded = tuple[list[np.ndarray], dict[int, Exception]]
 
 
 class Tokenize(Operator):
@@ -77,33 +86,78 @@ class Tokenize(Operator):
         super().setup(ctx)
         self._replay_cache = ctx.extras.get(REPLAY_CACHE)
 
-    def _encode(self, elems: list[Any]) -> list[np.ndarray]:
-        """Token ids per record, BOS/EOS included: from the replay cache where a replayed
-        chunk has them, otherwise encoded (and written to the cache when there is one)."""
+    def _encode_texts(self, elems: list[Any]) -> Encoded:
+        """Token ids, BOS/EOS included, of every record: one batched call, or, if that raises,
+        one call per record so the failing records are found and the others still encoded."""
         tok = self.tokenizer
         prefix = (tok.bos_id,) if self.add_bos else ()
         suffix = (tok.eos_id,) if self.add_eos else ()
-        cache: ReplayCache | None = getattr(self, "_replay_cache", None)
-        if cache is None:
+        try:
             return tok.encode_batch(
                 [rec.payload["text"] for rec in elems], prefix=prefix, suffix=suffix
-            )
+            ), {}
+        except Exception:  # find the record(s) at fault below, one by one
+            pass
+        ids_list: list[np.ndarray] = []
+        failed: dict[int, Exception] = {}
+        for i, rec in enumerate(elems):
+            try:
+                (ids,) = tok.encode_batch([rec.payload["text"]], prefix=prefix, suffix=suffix)
+            except Exception as exc:  # one record's failure is that record's problem
+                failed[i] = exc
+                ids = np.zeros(0, dtype=np.int32)
+            ids_list.append(ids)
+        return ids_list, failed
+
+    def _encode(self, elems: list[Any]) -> Encoded:
+        """Token ids per record: from the replay cache where a replayed chunk has them,
+        otherwise encoded (and written to the cache when there is one)."""
+        cache: ReplayCache | None = getattr(self, "_replay_cache", None)
+        if cache is None:
+            return self._encode_texts(elems)
         op_index = self.ctx.op_index
         found: list[np.ndarray | None] = (
             cache.lookup(op_index, elems) if cache.replay_ends else [None] * len(elems)
         )
         missing = [i for i, ids in enumerate(found) if ids is None]
+        failed: dict[int, Exception] = {}
         if missing:
-            encoded = tok.encode_batch(
-                [elems[i].payload["text"] for i in missing], prefix=prefix, suffix=suffix
-            )
-            cache.store(op_index, [elems[i] for i in missing], encoded)
+            encoded, bad = self._encode_texts([elems[i] for i in missing])
+            failed = {missing[j]: exc for j, exc in bad.items()}
+            good = [j for j in range(len(missing)) if j not in bad]
+            cache.store(op_index, [elems[missing[j]] for j in good], [encoded[j] for j in good])
             for i, ids in zip(missing, encoded):
                 found[i] = ids
-        return found  # type: ignore[return-value]
+        return found, failed  # type: ignore[return-value]
 
     def process_many(self, elems: list[Any]) -> list[Any]:
-        ids_list = self._encode(elems)
+        ids_list, failed = self._encode(elems)
+        if not failed:
+            return self._records(elems, ids_list)
+        out: list[Any] = []
+        for i, rec in enumerate(elems):
+            if i in failed:
+                out.append(self._failed(rec, failed[i]))
+            else:
+                out.extend(self._records([rec], [ids_list[i]]))
+        return out
+
+    def _failed(self, rec: SampleRecord, exc: Exception) -> SampleRecord:
+        """The tombstone (``on_error: skip``) for a record the tokenizer failed on."""
+        datasets = getattr(getattr(self, "ctx", None), "datasets", ())
+        if not datasets or rec.meta.doc is None:
+            raise DataError(
+                f"tokenize: the tokenizer failed on record {rec.meta.cursor} "
+                f"({describe_exception(exc)})"
+            ) from exc
+        problem = f"the tokenizer failed on this record ({describe_exception(exc)})"
+        try:
+            return on_bad_record(rec, datasets[rec.meta.dataset_id], "tokenize_error", problem)
+        except DataError as err:
+            raise err from exc
+
+    def _records(self, elems: list[Any], ids_list: list[np.ndarray]) -> list[Any]:
+        """Records carrying the ids, split into ``max_length`` pieces when asked."""
         max_length = self.max_length
         out: list[Any] = []
         for rec, ids in zip(elems, ids_list):

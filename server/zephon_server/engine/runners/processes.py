@@ -4,6 +4,12 @@ Workers are started with the ``spawn`` method. Each receives the step's operator
 once, at start) and runs ``setup()`` in the worker before any data arrives. Array payloads
 come back through shared memory as lazy handles (:mod:`..shm`). A worker that dies fails
 the run with a :class:`WorkerError` naming the operator and the exit code; it never hangs.
+
+Workers never outlive the process that runs them: each watches that process's lifeline
+(:mod:`.lifeline`) and exits when it breaks, however the process died (SIGKILL included),
+which also lets multiprocessing's resource tracker exit and unlink what is registered with
+it. Payload blocks and the pools' semaphores are attributed to their owner
+(:mod:`..shm_owner`), so a later start-up removes those a killed tracker left behind.
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ import os
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ... import gc_policy
-from .. import shm
+from .. import shm, shm_owner
 from ..errors import WorkerError
+from . import lifeline
 from .base import PooledRunner
 from .steps import Step, Task
 
@@ -27,14 +35,28 @@ log = logging.getLogger(__name__)
 _WORKER_STEPS: dict[int, Step] = {}
 
 
-def _init_worker(steps: list[Step], contexts: list[list[Any]]) -> None:
-    """Worker initializer: keep the steps and run every operator's setup here."""
+def _init_worker(
+    steps: list[Step],
+    contexts: list[list[Any]],
+    line: Connection,
+    owner_pid: int,
+    owner: str | None,
+) -> None:
+    """Worker initializer: watch the owning process's lifeline first (exit if it is gone),
+    name payload blocks after its owner id, keep the steps and run every operator's setup."""
+    lifeline.watch(line, owner_pid)
+    shm_owner.adopt(owner)
     gc_policy.apply_inherited()
     for step, ctxs in zip(steps, contexts):
         for op, ctx in zip(step.ops, ctxs):
             ctx.worker_id = os.getpid()
             op.setup(ctx)
         _WORKER_STEPS[step.index] = step
+
+
+def _initargs(steps: list[Step], contexts: list[list[Any]], owner: str | None) -> tuple[Any, ...]:
+    """The arguments of :func:`_init_worker` for a worker of this process."""
+    return (steps, contexts, lifeline.lifeline(), os.getpid(), owner)
 
 
 def _run_task(step_index: int, elems: list[Any]) -> tuple[list[Any], float]:
@@ -62,6 +84,8 @@ class ProcessesRunner(PooledRunner):
     def start_pool(self) -> None:
         gc_policy.check(gc_policy.from_env())  # here, not in each worker
         ctx = multiprocessing.get_context("spawn")
+        owner = shm_owner.owner_id()  # first in a process: sweeps dead owners' blocks
+        semaphores = shm_owner.mapped_semaphores()
         op_index = {id(op): i for i, op in enumerate(self.plan.ops)}
         for d in self.drivers:
             if d.step.workers == 0:
@@ -74,8 +98,10 @@ class ProcessesRunner(PooledRunner):
                 max_workers=step.workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=([step], contexts),
+                initargs=_initargs([step], contexts, owner),
             )
+        # The pools' queues made named semaphores (spawn): list them for a sweep after a crash.
+        shm_owner.record_semaphores(shm_owner.mapped_semaphores() - semaphores)
 
     def submit(self, task: Task) -> Future[list[Any]]:
         pool = self._pools[task.step.index]

@@ -1,0 +1,279 @@
+"""Shard identity: a shard is its file's size and modification time. A same-size in-place
+rewrite changes the fingerprint, a resume onto changed shards is refused naming the shard and
+the change (from the shard manifest next to the checkpoint), and a shard that changes under
+a run is never read through its old index, whatever its format.
+
+The server-level scenarios (``zephon serve --resume latest``, the Resume RPC, a rewrite while
+serving, ``zephon dump``) are in ``test_shard_identity_service.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from zephon_server.engine.checkpoint import (
+    IncompatibleCheckpoint,
+    ResumeState,
+    read_state_file,
+    write_atomic,
+)
+from zephon_server.engine.corpus import write_jsonl, write_parquet
+from zephon_server.engine.datasets import DatasetSpec, ShardInfo
+from zephon_server.engine.errors import ShardChanged, ZephonError
+from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.identity import describe_change, format_ns, local_identity
+from zephon_server.engine.manifest import (
+    ShardManifest,
+    load_manifest,
+    manifest_dir,
+    save_manifest,
+)
+from zephon_server.engine.pipeline import Pipeline
+from zephon_server.engine.records import SampleBatch
+from zephon_server.engine.shards import ShardCache
+
+pytestmark = pytest.mark.timeout(60)
+
+ROWS = [json.dumps({"text": f"doc {i} alpha beta gamma " + "delta " * (i % 5)}) for i in range(120)]
+INLINE = ExecutionConfig(runner="inline")
+
+
+def write_corpus(root: Path, shards: int = 4, rows: list[str] = ROWS) -> list[DatasetSpec]:
+    """A ``web`` dataset of ``shards`` plain JSONL files under ``root/web``."""
+    per = len(rows) // shards
+    for i in range(shards):
+        write_jsonl(root / "web" / f"part-{i:05d}.jsonl", rows[i * per : (i + 1) * per])
+    return [DatasetSpec("web", str(root / "web"), 1.0)]
+
+
+def pipeline(specs: list[DatasetSpec]) -> Pipeline:
+    return (
+        Pipeline(specs, seed=3, lanes=2, chunk_size=4, flush_every_k_chunks=2)
+        .decode_text()
+        .tokenize(tokenizer="byte")
+        .batch(microbatch_size=2)
+    )
+
+
+def rewrite_same_size(path: Path) -> None:
+    """Rewrite ``path`` in place (same inode, same size, other text), as a job re-run over
+    its output would: every ``a`` becomes ``e``. Waits out a coarse file-system clock so the
+    modification time moves, as it does for any rewrite that is not within one clock tick."""
+    before = path.stat()
+    data = path.read_bytes()
+    assert b"a" in data
+    with open(path, "r+b") as fh:
+        fh.write(data.replace(b"a", b"e"))
+    while path.stat().st_mtime_ns == before.st_mtime_ns:
+        time.sleep(0.01)
+        os.utime(path)
+    assert path.stat().st_size == before.st_size and path.stat().st_ino == before.st_ino
+
+
+def take(run, n: int) -> list[SampleBatch]:
+    out: list[SampleBatch] = []
+    for item in run:
+        if isinstance(item, SampleBatch):
+            out.append(item)
+            if len(out) == n:
+                break
+    return out
+
+
+def checkpoint_with_manifest(specs: list[DatasetSpec], directory: Path) -> Path:
+    """Run a few batches, then save the state file and its shard manifest in ``directory``
+    (what ``zephon dump --save-state`` and a server's Checkpoint do)."""
+    plan = pipeline(specs).plan(INLINE)
+    from zephon_server.engine.run import PipelineRun
+
+    run = PipelineRun(plan)
+    take(run, 4)
+    run.close()
+    save_manifest(manifest_dir(directory), ShardManifest.of(plan.fingerprint, plan.datasets))
+    path = directory / "state.zck"
+    write_atomic(path, run.checkpoint().encode())
+    return path
+
+
+def test_same_size_rewrite_changes_the_fingerprint(tmp_path: Path) -> None:
+    specs = write_corpus(tmp_path)
+    before = pipeline(specs).plan(INLINE)
+    shard = tmp_path / "web" / "part-00001.jsonl"
+    original, st = shard.read_bytes(), shard.stat()
+    rewrite_same_size(shard)
+    after = pipeline(specs).plan(INLINE)
+    assert after.fingerprint != before.fingerprint
+    differing = {k for k in after.components if after.components[k] != before.components.get(k)}
+    assert differing == {"shards:web"}  # the data, not the dataset's settings
+    assert after.datasets[0].shards[1].num_rows == before.datasets[0].shards[1].num_rows
+    # The same bytes at the same time are the same identity: the fingerprint comes back.
+    shard.write_bytes(original)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert pipeline(specs).plan(INLINE).fingerprint == before.fingerprint
+
+
+def test_copy_without_times_is_refused_naming_the_fix_and_a_copy_with_times_resumes(
+    tmp_path: Path,
+) -> None:
+    state_file = checkpoint_with_manifest(write_corpus(tmp_path / "orig"), tmp_path)
+    time.sleep(0.05)  # the plain copy's times are later than the originals'
+    shutil.copytree(tmp_path / "orig", tmp_path / "plain", copy_function=shutil.copyfile)
+    shutil.copytree(tmp_path / "orig", tmp_path / "kept")  # copy2: times preserved
+
+    plain = pipeline([DatasetSpec("web", str(tmp_path / "plain" / "web"), 1.0)])
+    with pytest.raises(IncompatibleCheckpoint) as info:
+        plain.run(INLINE, resume=read_state_file(state_file))
+    message = str(info.value)
+    assert message.startswith("checkpoint does not match the data: the shards changed")
+    for i in range(4):
+        shard = tmp_path / "plain" / "web" / f"part-{i:05d}.jsonl"
+        assert f"shard {shard} modified (modified time " in message
+    size = (tmp_path / "orig" / "web" / "part-00000.jsonl").stat().st_size
+    assert f"size {size} bytes unchanged, rows 30 unchanged" in message
+    assert "cp without -p" in message and "cp -p" in message and "touch -r" in message
+
+    kept = pipeline([DatasetSpec("web", str(tmp_path / "kept" / "web"), 1.0)])
+    state = read_state_file(state_file)
+    run = kept.run(INLINE, resume=state)  # moved with its times: the same shards
+    first = take(run, 1)[0]
+    run.close()
+    assert first.seq == state.lanes[first.lane_id].next_seq
+
+
+def test_a_shard_changed_after_indexing_is_never_read_even_under_skip(tmp_path: Path) -> None:
+    specs = [DatasetSpec("web", str(write_corpus(tmp_path)[0].path), 1.0, on_error="skip")]
+    run = pipeline(specs).run(INLINE)  # planning listed and indexed every shard
+    for i in range(4):
+        rewrite_same_size(tmp_path / "web" / f"part-{i:05d}.jsonl")
+    with pytest.raises(ZephonError, match=r"shard .*part-0000\d\.jsonl changed after it was index"):
+        take(run, 1000)
+    run.close()
+
+
+def test_plain_jsonl_reads_compare_the_open_files_identity(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", ROWS)
+    st = path.stat()
+    info = ShardInfo(str(path), "jsonl", st.st_size, len(ROWS), st.st_mtime_ns)
+    cache = ShardCache()
+    assert cache.read_rows(info, [0, 5], "text") == [ROWS[0].encode(), ROWS[5].encode()]
+    rewrite_same_size(path)
+    with pytest.raises(ShardChanged) as err:
+        cache.read_rows(info, [0], "text")  # the index is cached: the fstat catches it
+    new = path.stat()
+    assert f"shard {path} changed after it was indexed (modified time " in str(err.value)
+    assert f"-> {format_ns(new.st_mtime_ns)}, size {st.st_size} bytes unchanged)" in str(err.value)
+    assert "restart the server" in str(err.value)
+    # The new version is another identity: counted and indexed again, read correctly.
+    fresh = ShardInfo(str(path), "jsonl", new.st_size, len(ROWS), new.st_mtime_ns)
+    assert cache.num_rows(str(path), "jsonl", fresh.identity) == len(ROWS)
+    assert cache.read_rows(fresh, [0], "text") == [ROWS[0].replace("a", "e").encode()]
+
+
+def test_compressed_and_parquet_shards_are_checked_when_loaded(tmp_path: Path) -> None:
+    zst = write_jsonl(tmp_path / "b.jsonl.zst", ROWS)
+    pq_path = write_parquet(tmp_path / "c.parquet", {"text": ROWS}, row_group_size=10)
+    infos = {}
+    for path, fmt in ((zst, "jsonl.zst"), (pq_path, "parquet")):
+        st = path.stat()
+        infos[fmt] = ShardInfo(str(path), fmt, st.st_size, len(ROWS), st.st_mtime_ns)
+    small = ShardCache(max_bytes=0)  # keeps nothing: every read loads the shard again
+    big = ShardCache()
+    for cache in (small, big):
+        assert cache.read_rows(infos["jsonl.zst"], [3], "text") == [ROWS[3].encode()]
+        assert cache.read_rows(infos["parquet"], [3], "text") == [ROWS[3]]
+    time.sleep(0.02)
+    write_jsonl(zst, ROWS[::-1])  # replaced, as most tools write compressed files
+    write_parquet(pq_path, {"text": ROWS[::-1]}, row_group_size=10)
+    with pytest.raises(ShardChanged, match=f"shard {zst} changed after it was indexed"):
+        small.read_rows(infos["jsonl.zst"], [3], "text")
+    with pytest.raises(ShardChanged, match=f"shard {pq_path} changed after it was indexed"):
+        small.read_rows(infos["parquet"], [3], "text")
+    # Loaded row groups stay those of the indexed version; a row group not loaded yet is
+    # checked as it loads.
+    assert big.read_rows(infos["parquet"], [3], "text") == [ROWS[3]]
+    with pytest.raises(ShardChanged, match=f"shard {pq_path} changed after it was indexed"):
+        big.read_rows(infos["parquet"], [55], "text")
+
+
+def test_a_file_changing_while_it_is_indexed_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """Unit test of the shard cache: the index is built between two stats."""
+    from zephon_server.engine import shards as shards_mod
+
+    path = write_jsonl(tmp_path / "a.jsonl", ROWS)
+    real = shards_mod.index_lines
+
+    def index_then_touch(p: str):
+        starts = real(p)
+        os.utime(p, ns=(0, path.stat().st_mtime_ns + 1))
+        return starts
+
+    monkeypatch.setattr(shards_mod, "index_lines", index_then_touch)
+    with pytest.raises(ShardChanged, match=f"shard {path} changed while it was being read"):
+        ShardCache().num_rows(str(path), "jsonl")
+
+
+def test_checkpoint_of_the_previous_fingerprint_version_is_refused_saying_why(
+    tmp_path: Path,
+) -> None:
+    specs = write_corpus(tmp_path)
+    run = pipeline(specs).run(INLINE)
+    take(run, 2)
+    run.close()
+    old = run.checkpoint()
+    old.components.pop("fingerprint_version")  # as version 1 wrote them
+    old.fingerprint = "0" * 64
+    with pytest.raises(IncompatibleCheckpoint) as info:
+        pipeline(specs).run(INLINE, resume=old)
+    assert str(info.value).startswith(
+        "checkpoint was taken with fingerprint version 1 and this server computes version 2"
+    )
+
+
+def test_manifest_round_trip_and_damaged_manifests_only_lose_detail(tmp_path: Path) -> None:
+    specs = write_corpus(tmp_path / "data")
+    plan = pipeline(specs).plan(INLINE)
+    manifest = ShardManifest.of(plan.fingerprint, plan.datasets)
+    path = save_manifest(tmp_path / "m", manifest)
+    assert path == tmp_path / "m" / f"{plan.fingerprint}.json"
+    assert load_manifest([tmp_path / "nowhere", tmp_path / "m"], plan.fingerprint) == manifest
+    path.write_bytes(b"{not json")
+    assert load_manifest([tmp_path / "m"], plan.fingerprint) is None  # logged, then ignored
+    state = plan_state(plan)
+    rewrite_same_size(tmp_path / "data" / "web" / "part-00002.jsonl")
+    changed = pipeline(specs).plan(INLINE)
+    with pytest.raises(IncompatibleCheckpoint) as info:
+        state.check_compatible(
+            changed.fingerprint,
+            changed.components,
+            datasets=changed.datasets,
+            manifest_dirs=[tmp_path / "m"],
+        )
+    message = str(info.value)
+    assert "dataset 'web': its shard list, or a shard's size, modification time or row " in message
+    assert f"no shard manifest {plan.fingerprint[:16]}... found in {tmp_path / 'm'}" in message
+    assert "cp -p" in message
+
+
+def plan_state(plan) -> ResumeState:
+    from zephon_server.engine.run import PipelineRun
+
+    run = PipelineRun(plan)
+    take(run, 1)
+    run.close()
+    return run.checkpoint()
+
+
+def test_describe_change_reads_like_the_messages() -> None:
+    a = local_identity(100, 1_767_225_600_000_000_000)
+    b = local_identity(120, 1_767_225_601_500_000_000)
+    assert describe_change(a, b) == (
+        "modified time 2026-01-01T00:00:00.000000000Z -> 2026-01-01T00:00:01.500000000Z, "
+        "size 100 -> 120 bytes"
+    )
+    assert describe_change(a, local_identity(100, 1)).endswith("size 100 bytes unchanged")
