@@ -307,13 +307,12 @@ def test_max_document_bytes_default_validation_yaml_and_fingerprint(tmp_path):
 # ------------------------------------------------------------------ a real server, to the end
 
 
-@pytest.mark.service
-@pytest.mark.timeout(120)
-def test_server_skips_bad_records_stays_serving_and_counts_them(tmp_path, corpus_dir):
+def run_bad_records_server(tmp_path: Path, corpus_dir: Path) -> dict[str, Any]:
     """``zephon serve`` over a dataset with deeply nested records, a too-long number and a
-    too-large document (on_error: skip): a DataClient reads every lane to its end, each
-    document of the dataset is closed exactly once, health stays SERVING, and /metrics counts
-    the skips by reason."""
+    too-large document (on_error: skip): a DataClient reads every lane to its end. Checks
+    each document of the dataset is closed exactly once, health stays SERVING, and /metrics
+    counts the skips by reason; returns the records, the skipped rows by reason, the metric
+    values, health and exit code."""
     from test_faults import health_status
     from test_load import metric, scrape
 
@@ -376,3 +375,21 @@ def test_server_skips_bad_records_stays_serving_and_counts_them(tmp_path, corpus
     for reason, n in (("malformed", len(bad)), ("too_large", 1)):
         labels = f'dataset="bad",reason="{reason}"'
         assert metric(text, "zephon_records_dropped_total", labels) == n, reason
+    kinds = {3: "JSON nested 1,000 levels", 9: "JSON nested 100,000 levels"}
+    kinds.update({17: "a 100,000-digit number", 25: "JSON nested 100,000 levels"})
+    kinds[31] = f"a {len(lines[31])}-byte record over max_document_bytes {LIMIT}"
+    return {
+        "records": len(lines),
+        "closed": sum(n for (dataset, _, _), n in closed.items() if dataset == 1),
+        "skipped": {row: (kinds.get(row, "?"), reason) for row, reason in sorted(ours) if reason},
+        "skipped_metric": metric(text, "zephon_records_skipped_total", 'dataset="bad"'),
+        "health": health,
+        "exit": code,
+        "tracebacks": srv.output().count("Traceback"),
+    }
+
+
+@pytest.mark.service
+@pytest.mark.timeout(120)
+def test_server_skips_bad_records_stays_serving_and_counts_them(tmp_path, corpus_dir):
+    run_bad_records_server(tmp_path, corpus_dir)

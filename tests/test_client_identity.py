@@ -23,15 +23,19 @@ LANES = 4
 BEFORE = 2 * LANES  # batches read from the first server
 
 
-@pytest.fixture(scope="module")
-def pipelines(tmp_path_factory, corpus_dir):
-    work = tmp_path_factory.mktemp("identity")
+def make_pipelines(work, corpus_dir):
+    """Two pipelines over the corpus (the second with another seed), the first's digests."""
     first = write_config(work / "first.yaml", corpus_dir, lanes=LANES, chunk_size=8)
     other = write_config(work / "other.yaml", corpus_dir, lanes=LANES, chunk_size=8, seed=99)
     expected = dump_digests(first, 1000)
     # Each lane must outlast what the client has read and buffered before the swap.
     assert min(len(chains) for chains in expected.values()) > 3 * BEFORE
     return work, first, other, expected
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory, corpus_dir):
+    return make_pipelines(tmp_path_factory.mktemp("identity"), corpus_dir)
 
 
 def fingerprint(srv: ServerProcess) -> str:
@@ -75,8 +79,10 @@ def assert_first_pipelines(batches, expected) -> None:
         )
 
 
-@pytest.mark.parametrize("verify", [False, True])
-def test_a_server_restarted_with_another_pipeline_stops_the_client(pipelines, verify):
+def run_swap_to_another_pipeline(pipelines, verify: bool) -> dict:
+    """The server swapped to another pipeline under a client: checks the client raises
+    PipelineMismatch having yielded only the first pipeline's batches and acknowledged
+    nothing to the second; returns the counts and the message."""
     work, first, other, expected = pipelines
     batches, error, old, new, acked = swap_servers(work, first, other, verify=verify)
     assert old != new
@@ -92,9 +98,17 @@ def test_a_server_restarted_with_another_pipeline_stops_the_client(pipelines, ve
     # nothing was acknowledged to the second.
     assert len(batches) < sum(len(chains) for chains in expected.values())
     assert set(acked.values()) == {0}
+    return {"yielded": len(batches), "acked": sum(acked.values()), "error": message}
 
 
-def test_a_server_restarted_with_the_same_pipeline_continues_seamlessly(pipelines):
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_server_restarted_with_another_pipeline_stops_the_client(pipelines, verify):
+    run_swap_to_another_pipeline(pipelines, verify)
+
+
+def run_swap_to_the_same_pipeline(pipelines) -> dict:
+    """The server restarted with the same pipeline: checks the client reads every lane to its
+    end exactly once, in order; returns the counts."""
     work, first, _, expected = pipelines
     batches, error, old, new, acked = swap_servers(work, first, first, verify=False)
     assert error is None and old == new
@@ -105,3 +119,8 @@ def test_a_server_restarted_with_the_same_pipeline_continues_seamlessly(pipeline
     for batch in batches:
         got.setdefault(batch.lane, []).append(batch.seq)
     assert got == {lane: list(range(len(chains))) for lane, chains in expected.items()}
+    return {"yielded": len(batches), "acked": sum(acked.values())}
+
+
+def test_a_server_restarted_with_the_same_pipeline_continues_seamlessly(pipelines):
+    run_swap_to_the_same_pipeline(pipelines)

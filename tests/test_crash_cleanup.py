@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -217,10 +218,11 @@ def snapshot(srv: ServerProcess, owner: str | None) -> tuple[dict[int, int], set
     return procs, mapped([srv.proc.pid, *procs]) | named(owner)
 
 
-@pytest.mark.timeout(150)
-def test_sigkill_of_the_server_ends_its_workers_and_tracker_and_frees_shared_memory(
-    endless_config, tmp_path
-):
+def run_sigkill_of_the_server(endless_config: Path, tmp_path: Path) -> dict[str, Any]:
+    """SIGKILL of a processes-runner server caught holding payload blocks: checks its two
+    workers and the resource tracker exit, the tracker unlinks the semaphores and blocks, and
+    the next start-up removes the owner file. Returns what ran and what /dev/shm held before
+    the kill, what was left after it and after the next start-up, and how long they took."""
     srv = serve(endless_config, tmp_path / "killed")
     try:
         owner, _ = catch_holding_blocks(srv)
@@ -234,9 +236,12 @@ def test_sigkill_of_the_server_ends_its_workers_and_tracker_and_frees_shared_mem
         raise
     finally:
         srv.kill()
+    killed = time.monotonic()
     # However the server dies, its workers exit, and so the resource tracker.
     try:
         assert wait_until(lambda: not running(procs), 10), running(procs)
+        gone_s = time.monotonic() - killed
+        survivors = len(running(procs))
     finally:
         reap(procs)
     assert f"process {srv.proc.pid} that ran it is gone" in srv.output()
@@ -246,15 +251,37 @@ def test_sigkill_of_the_server_ends_its_workers_and_tracker_and_frees_shared_mem
     assert any(n.startswith(BLOCK_PREFIX) for n in entries), entries
     left = lambda: (entries | named(owner)) & set(os.listdir(SHM))  # noqa: E731
     assert wait_until(lambda: left() == {owner_file}, 10), left()
+    after_kill = sorted(left())
     nxt = serve(endless_config, tmp_path / "next", runner="threads")
     try:
-        assert not left(), left()
+        after_start = sorted(left())
+        assert not after_start, after_start
     finally:
         nxt.terminate()
+    return {
+        "workers": len(workers),
+        "trackers": len(trackers),
+        "entries": sorted(entries),
+        "processes_left": survivors,
+        "gone_s": gone_s,
+        "left_after_kill": after_kill,
+        "left_after_start": after_start,
+    }
 
 
-@pytest.mark.timeout(180)
-def test_start_up_sweeps_a_killed_tree_and_spares_a_live_server(endless_config, tmp_path):
+@pytest.mark.timeout(150)
+def test_sigkill_of_the_server_ends_its_workers_and_tracker_and_frees_shared_memory(
+    endless_config, tmp_path
+):
+    run_sigkill_of_the_server(endless_config, tmp_path)
+
+
+def run_sweep_of_a_killed_tree(endless_config: Path, tmp_path: Path) -> dict[str, Any]:
+    """A processes-runner tree killed all at once (the tracker first, so nothing cleans up)
+    while another server runs, SIGSTOPped holding blocks: checks the next start-up removes
+    every entry of the dead tree, keeps every one of the live server, and the live server
+    then serves lane 0 as ``zephon dump`` does. Returns the entries dead and live, what was
+    left of the dead ones after the sweep, and the live one's batches compared."""
     live = serve(endless_config, tmp_path / "live")
     dead = sweeper = None
     dead_procs: dict[int, int] = {}
@@ -276,6 +303,13 @@ def test_start_up_sweeps_a_killed_tree_and_spares_a_live_server(endless_config, 
         _, live_entries = snapshot(live, live_owner)
         sweeper = serve(endless_config, tmp_path / "sweeper", runner="threads")
         on_disk = set(os.listdir(SHM))
+        figures = {
+            "dead_processes": len(dead_procs),
+            "dead_entries": sorted(dead_entries),
+            "dead_left": sorted(dead_entries & on_disk),
+            "live_entries": sorted(live_entries),
+            "live_kept": sorted(live_entries & on_disk),
+        }
         assert not dead_entries & on_disk, dead_entries & on_disk
         assert live_entries <= on_disk, live_entries - on_disk
         assert "owner file(s) left in /dev/shm by processes that died" in sweeper.output()
@@ -283,6 +317,7 @@ def test_start_up_sweeps_a_killed_tree_and_spares_a_live_server(endless_config, 
         batches, _ = read_lane(live.stub(), 0, start_seq=next_seq, count=5)
         expected = dump_digests(endless_config, next_seq + 5, lanes="0")[0][next_seq:]
         assert [b.chain_digest.hex() for b in batches] == expected
+        figures["live_batches_checked"] = len(batches)
     finally:
         os.kill(live.proc.pid, signal.SIGCONT)
         if dead is not None:
@@ -293,3 +328,9 @@ def test_start_up_sweeps_a_killed_tree_and_spares_a_live_server(endless_config, 
             sweeper.terminate()
         code = live.terminate()
     assert code == 0, live.output()[-3000:]
+    return figures
+
+
+@pytest.mark.timeout(180)
+def test_start_up_sweeps_a_killed_tree_and_spares_a_live_server(endless_config, tmp_path):
+    run_sweep_of_a_killed_tree(endless_config, tmp_path)

@@ -81,7 +81,9 @@ def listening(port: int) -> set[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def test_metrics_listen_on_loopback_by_default_even_with_host_0_0_0_0(tmp_path):
+def run_metrics_on_loopback_by_default(tmp_path: Path) -> dict[str, str]:
+    """``--host 0.0.0.0`` without ``--metrics-host``: checks /metrics listens on loopback
+    only and answers there; returns the addresses and the answer."""
     port = free_port()
     args = ["--host", "0.0.0.0", "--auth-token", "grpc-secret", "--metrics-port", str(port)]
     with server(args, tmp_path) as srv:
@@ -91,22 +93,43 @@ def test_metrics_listen_on_loopback_by_default_even_with_host_0_0_0_0(tmp_path):
         assert status == 200 and "zephon_batches_sent_total" in body
         assert f"metrics on http://127.0.0.1:{port}/metrics (no authentication)" in srv.output()
         assert "needs no credentials while gRPC does" not in srv.output()
+        return {
+            "gRPC listens on": ", ".join(sorted(listening(srv.port))),
+            "/metrics listens on": ", ".join(sorted(listening(port))),
+            "GET /metrics on 127.0.0.1": str(status),
+        }
 
 
-def test_metrics_on_all_interfaces_without_credentials_are_warned_about(tmp_path):
+def test_metrics_listen_on_loopback_by_default_even_with_host_0_0_0_0(tmp_path):
+    run_metrics_on_loopback_by_default(tmp_path)
+
+
+def run_metrics_on_all_interfaces(tmp_path: Path) -> dict[str, str]:
+    """``--metrics-host 0.0.0.0`` without credentials while gRPC has a token: checks the
+    server says so at start-up; returns the addresses and the warning."""
     port = free_port()
     args = ["--host", "0.0.0.0", "--metrics-host", "0.0.0.0", "--metrics-port", str(port)]
     with server([*args, "--auth-token", "grpc-secret"], tmp_path) as srv:
         assert listening(port) == {"0.0.0.0"}
         assert "/metrics on 0.0.0.0 needs no credentials while gRPC does" in srv.output()
+        warning = next(line for line in srv.output().splitlines() if "needs no cred" in line)
+        return {"/metrics listens on": ", ".join(sorted(listening(port))), "warning": warning}
 
 
-def test_metrics_need_the_token_or_a_basic_auth_user(tmp_path):
+def test_metrics_on_all_interfaces_without_credentials_are_warned_about(tmp_path):
+    run_metrics_on_all_interfaces(tmp_path)
+
+
+def run_metrics_auth(tmp_path: Path) -> dict[str, list[int]]:
+    """A bearer token (environment) and a basic-auth file: checks 7 wrong or missing
+    credentials get 401 with both challenges and no metrics, and the 3 right ones 200;
+    returns the statuses of each group."""
     users = tmp_path / "metrics-users"
     users.write_text("# scrapers\nprometheus:s3cret-pw\n\ngrafana:other:pw-with-colon\n")
     users.chmod(0o600)
     port = free_port()
     args = ["--metrics-port", str(port), "--metrics-basic-auth-file", str(users)]
+    statuses: dict[str, list[int]] = {"refused": [], "accepted": []}
     with server(args, tmp_path, env={"ZEPHON_METRICS_TOKEN": TOKEN}) as srv:
         url = f"http://127.0.0.1:{port}/metrics"
         for headers in (
@@ -119,6 +142,7 @@ def test_metrics_need_the_token_or_a_basic_auth_user(tmp_path):
             {"Authorization": "Basic not-base64!"},
         ):
             status, reply_headers, body = get(url, headers=headers)
+            statuses["refused"].append(status)
             assert status == 401, headers
             assert reply_headers.get_all("WWW-Authenticate") == [
                 'Bearer realm="zephon-metrics"',
@@ -132,15 +156,24 @@ def test_metrics_need_the_token_or_a_basic_auth_user(tmp_path):
             basic("grafana", "other:pw-with-colon"),
         ):
             status, reply_headers, body = get(url, headers=headers)
+            statuses["accepted"].append(status)
             assert status == 200, headers
             assert "zephon_batches_sent_total" in body
             assert "CPython" not in reply_headers.get("Server", "")
         assert "(needs a bearer token or basic auth)" in srv.output()
         assert TOKEN not in srv.output()
+    return statuses
 
 
-@pytest.mark.parametrize("mutual", [False, True])
-def test_metrics_are_served_over_tls_with_the_grpc_certificate(tmp_path, pki, mutual):
+def test_metrics_need_the_token_or_a_basic_auth_user(tmp_path):
+    run_metrics_auth(tmp_path)
+
+
+def run_metrics_tls(tmp_path: Path, pki: dict[str, Path], mutual: bool) -> dict[str, str]:
+    """/metrics with the gRPC certificate (and client certificates when ``mutual``): checks
+    a trusted client gets 200, an untrusted server certificate, plain HTTP, and without or
+    with a rogue client certificate get no answer; returns each outcome."""
+    out: dict[str, str] = {}
     port = free_port()
     args = ["--metrics-port", str(port)]
     args += ["--tls-cert", str(pki["server_cert"]), "--tls-key", str(pki["server_key"])]
@@ -150,21 +183,35 @@ def test_metrics_are_served_over_tls_with_the_grpc_certificate(tmp_path, pki, mu
     with server(args, tmp_path) as srv:
         url = f"https://127.0.0.1:{port}/metrics"
         if mutual:
-            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)) as info:
                 get(url, context=trusted)  # no client certificate
+            out["no client certificate"] = type(info.value).__name__
             rogue = ssl.create_default_context(cafile=str(pki["ca"]))
             rogue.load_cert_chain(pki["rogue_client_cert"], pki["rogue_client_key"])
-            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)) as info:
                 get(url, context=rogue)
+            out["client certificate of another CA"] = type(info.value).__name__
             trusted.load_cert_chain(pki["client_cert"], pki["client_key"])
         status, _, body = get(url, context=trusted)
+        out["trusted client" + (" with its certificate" if mutual else "")] = str(status)
         assert status == 200 and "zephon_batches_sent_total" in body
-        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED") as info:
             get(url, context=ssl.create_default_context())  # the system roots do not sign it
-        with pytest.raises((http.client.HTTPException, ConnectionError, urllib.error.URLError)):
+        reason = info.value.reason
+        out["client trusting only the system roots"] = getattr(reason, "reason", str(reason))
+        with pytest.raises(
+            (http.client.HTTPException, ConnectionError, urllib.error.URLError)
+        ) as info:
             get(f"http://127.0.0.1:{port}/metrics")  # plain HTTP gets no answer
+        out["plain HTTP"] = type(info.value).__name__
         needs = "needs a client certificate" if mutual else "no authentication"
         assert f"metrics on https://127.0.0.1:{port}/metrics ({needs})" in srv.output()
+    return out
+
+
+@pytest.mark.parametrize("mutual", [False, True])
+def test_metrics_are_served_over_tls_with_the_grpc_certificate(tmp_path, pki, mutual):
+    run_metrics_tls(tmp_path, pki, mutual)
 
 
 def test_metrics_flag_mistakes_stop_the_start_naming_the_flag(tmp_path):

@@ -8,9 +8,12 @@ and, however many arrive, a few rate-limited log lines naming the peer, never a 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -40,9 +43,9 @@ class Limited:
         return {p.name: p.stat().st_size for p in self.state_dir.glob("*.zck")}
 
 
-@pytest.fixture(scope="module")
-def limited(tmp_path_factory, corpus_dir):
-    work = tmp_path_factory.mktemp("limits")
+@contextlib.contextmanager
+def limited_server(work: Path, corpus_dir: Path) -> Iterator[Limited]:
+    """A server over the corpus with a state directory for the block; checks it exits 0."""
     cfg = write_config(work / "pipeline.yaml", corpus_dir)
     state_dir = work / "state"
     srv = ServerProcess(["--config", str(cfg), "--state-dir", str(state_dir)], work)
@@ -52,6 +55,12 @@ def limited(tmp_path_factory, corpus_dir):
     finally:
         running.channel.close()
         assert srv.terminate() == 0, srv.output()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory, corpus_dir):
+    with limited_server(tmp_path_factory.mktemp("limits"), corpus_dir) as running:
+        yield running
 
 
 def rpc_error(call) -> grpc.RpcError:
@@ -141,15 +150,22 @@ FIELD_CASES = [
 ]
 
 
-@pytest.mark.service
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize(("name", "call", "text"), FIELD_CASES, ids=[c[0] for c in FIELD_CASES])
-def test_a_field_over_its_limit_is_invalid_argument(limited, name, call, text):
+def check_field_case(limited: Limited, name: str, call, text: str) -> tuple[str, str]:
+    """One of ``FIELD_CASES``: checks INVALID_ARGUMENT with ``text`` and nothing stored;
+    returns (code, details)."""
     before = limited.state_files()
     err = rpc_error(call(limited))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, err.code(), err.details())
     assert text in err.details(), (name, err.details())
     assert limited.state_files() == before  # nothing was stored
+    return err.code().name, err.details()
+
+
+@pytest.mark.service
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("name", "call", "text"), FIELD_CASES, ids=[c[0] for c in FIELD_CASES])
+def test_a_field_over_its_limit_is_invalid_argument(limited, name, call, text):
+    check_field_case(limited, name, call, text)
 
 
 @pytest.mark.service
@@ -167,22 +183,32 @@ def test_fields_at_their_limits_are_accepted(limited):
     assert [b.seq for b in batches] == [0, 1]
 
 
-@pytest.mark.service
-@pytest.mark.timeout(60)
-def test_a_message_over_the_receive_limit_is_refused_by_grpc(limited):
+def run_receive_limit(limited: Limited) -> dict[str, tuple[str, str]]:
+    """A 50 MiB Checkpoint tag and 4 MiB of Resume state: checks gRPC refuses both
+    (RESOURCE_EXHAUSTED), nothing is stored, the server serves on; returns (code, details)."""
     before = limited.state_files()
+    out = {}
     # The report's case: a 50 MiB tag used to be a 52 MB checkpoint file.
     err = rpc_error(checkpoint(limited, tag="T" * (50 << 20)))
+    out["Checkpoint with a 50 MiB tag"] = (err.code().name, err.details())
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (err.code(), err.details())
     # Just over the 4 MiB the server accepts with 4 lanes and 3 datasets.
     err = rpc_error(
         lambda: limited.stub.Resume(pb.ResumeRequest(state=b"\0" * (4 << 20)), timeout=20)
     )
+    out["Resume with 4 MiB of state"] = (err.code().name, err.details())
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (err.code(), err.details())
     assert limited.state_files() == before
     assert health_status(limited.srv.address) == "SERVING"
     assert limited.stub.GetInfo(pb.GetInfoRequest(), timeout=10).num_lanes == 4
     assert "Traceback" not in limited.srv.output()
+    return out
+
+
+@pytest.mark.service
+@pytest.mark.timeout(60)
+def test_a_message_over_the_receive_limit_is_refused_by_grpc(limited):
+    run_receive_limit(limited)
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,15 +259,16 @@ def send_garbage(channel: grpc.Channel, rng: random.Random, n: int, metadata=())
     return errors
 
 
-@pytest.mark.service
-@pytest.mark.timeout(120)
-def test_undecodable_requests_are_invalid_argument_and_log_a_few_lines(tmp_path, corpus_dir):
+def run_undecodable_requests(tmp_path: Path, corpus_dir: Path, n: int = 200) -> dict:
+    """``n`` undecodable requests over every method: checks each is INVALID_ARGUMENT, the
+    server serves on, and its log has a few rate-limited lines and no traceback; returns the
+    counts, the seconds they took and one such line."""
     cfg = write_config(tmp_path / "pipeline.yaml", corpus_dir)
     srv = ServerProcess(["--config", str(cfg), "--state-dir", str(tmp_path / "state")], tmp_path)
     channel = grpc.insecure_channel(srv.address)
     try:
         start = time.monotonic()
-        errors = send_garbage(channel, random.Random(19), 200)
+        errors = send_garbage(channel, random.Random(19), n)
         elapsed = time.monotonic() - start
         for _, err in errors:
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
@@ -259,6 +286,20 @@ def test_undecodable_requests_are_invalid_argument_and_log_a_few_lines(tmp_path,
     # One line per method (five of them) per 10 s, each naming the peer and the problem.
     assert 5 <= len(lines) <= 5 * (1 + int(elapsed // 10)), lines
     assert all("from ipv" in line and "do not decode as" in line for line in lines), lines
+    return {
+        "requests": len(errors),
+        "codes": Counter(err.code().name for _, err in errors),
+        "log_lines": len(lines),
+        "tracebacks": log.count("Traceback"),
+        "elapsed_s": elapsed,
+        "line": lines[0],
+    }
+
+
+@pytest.mark.service
+@pytest.mark.timeout(120)
+def test_undecodable_requests_are_invalid_argument_and_log_a_few_lines(tmp_path, corpus_dir):
+    run_undecodable_requests(tmp_path, corpus_dir)
 
 
 @pytest.mark.service

@@ -58,11 +58,9 @@ class Changed:
     size: int
 
 
-@pytest.fixture(scope="module")
-def changed(tmp_path_factory) -> Changed:
+def make_changed(work: Path) -> Changed:
     """A checkpoint at seq 3 of both lanes by a server with a state directory, then a
     same-size in-place rewrite of one shard."""
-    work = tmp_path_factory.mktemp("identity")
     cfg = write_setup(work)
     state_dir = work / "state"
     with server(["--config", str(cfg), "--state-dir", str(state_dir)], work) as srv:
@@ -77,6 +75,11 @@ def changed(tmp_path_factory) -> Changed:
     shard = work / "web" / "part-00001.jsonl"
     rewrite_same_size(shard)
     return Changed(work, cfg, state_dir, reply.state, shard, shard.stat().st_size)
+
+
+@pytest.fixture(scope="module")
+def changed(tmp_path_factory) -> Changed:
+    return make_changed(tmp_path_factory.mktemp("identity"))
 
 
 def read(stub, lane: int, count: int | None = None) -> tuple[list, grpc.RpcError | None]:
@@ -103,7 +106,9 @@ def read(stub, lane: int, count: int | None = None) -> tuple[list, grpc.RpcError
     return batches, None
 
 
-def test_resume_latest_onto_a_rewritten_shard_exits_2_naming_it(changed: Changed) -> None:
+def run_resume_latest_onto_changed(changed: Changed) -> subprocess.CompletedProcess:
+    """``zephon serve --resume latest`` onto the rewritten shard: checks it exits 2 naming the
+    checkpoint, the shard and what changed; returns the run."""
     res = serve_once(
         ["--config", str(changed.cfg), "--state-dir", str(changed.state_dir), "--resume", "latest"],
         changed.work,
@@ -116,12 +121,19 @@ def test_resume_latest_onto_a_rewritten_shard_exits_2_naming_it(changed: Changed
     assert f"shard {changed.shard} modified (modified time " in res.stderr, res.stderr[-3000:]
     assert f"size {changed.size} bytes unchanged" in res.stderr
     assert "Traceback" not in res.stderr
+    return res
 
 
-def test_resume_rpc_onto_changed_data_is_failed_precondition_naming_the_shard(
-    changed: Changed,
-) -> None:
+def test_resume_latest_onto_a_rewritten_shard_exits_2_naming_it(changed: Changed) -> None:
+    run_resume_latest_onto_changed(changed)
+
+
+def run_resume_rpc_onto_changed(changed: Changed) -> dict[str, tuple[str, str]]:
+    """The Resume RPC with the checkpoint's bytes onto the changed data, by a server with the
+    state directory (its manifest names the shard) and one without. Checks both are
+    FAILED_PRECONDITION naming the shard or the dataset and the fix; returns (code, details)."""
     request = pb.ResumeRequest(state=changed.state)
+    out = {}
     # A server on the changed data with the state directory finds the shard manifest.
     args = ["--config", str(changed.cfg), "--state-dir", str(changed.state_dir)]
     with server(args, changed.work) as srv:
@@ -129,6 +141,7 @@ def test_resume_rpc_onto_changed_data_is_failed_precondition_naming_the_shard(
             srv.stub().Resume(request, timeout=30)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         details = info.value.details()
+        out["with the state directory"] = (info.value.code().name, details)
         assert f"shard {changed.shard} modified (modified time " in details, details
         assert read(srv.stub(), 0, count=1)[1] is None  # refused: the server serves on
     # Without it (the bytes came from elsewhere) the message names the dataset and the fix.
@@ -137,13 +150,24 @@ def test_resume_rpc_onto_changed_data_is_failed_precondition_naming_the_shard(
             srv.stub().Resume(request, timeout=30)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         details = info.value.details()
+        out["without it"] = (info.value.code().name, details)
         assert "dataset 'web': its shard list, or a shard's size, modification time or row" in (
             details
         )
         assert "cp -p" in details and "Traceback" not in details
+    return out
 
 
-def test_a_shard_rewritten_while_serving_fails_the_pipeline_not_the_data(tmp_path: Path) -> None:
+def test_resume_rpc_onto_changed_data_is_failed_precondition_naming_the_shard(
+    changed: Changed,
+) -> None:
+    run_resume_rpc_onto_changed(changed)
+
+
+def run_rewrite_while_serving(tmp_path: Path) -> dict[str, object]:
+    """Every shard rewritten in place (same size) after lane 0's first 3 batches: checks the
+    lane fails (INTERNAL naming the shard) and every batch served is the unchanged data's;
+    returns the counts and the error."""
     cfg = write_setup(tmp_path, docs=4000, shards=4)
     expected = dump_digests(cfg, 10_000, lanes="0")[0]
     with server(["--config", str(cfg), "--max-ahead", "2"], tmp_path) as srv:
@@ -159,6 +183,15 @@ def test_a_shard_rewritten_while_serving_fails_the_pipeline_not_the_data(tmp_pat
     # Every batch served is one of the unchanged data; the rest were refused, not changed.
     assert len(batches) < len(expected)
     assert [b.chain_digest.hex() for b in batches] == expected[: len(batches)]
+    return {
+        "served": len(batches),
+        "lane_batches": len(expected),
+        "error": (err.code().name, err.details()),
+    }
+
+
+def test_a_shard_rewritten_while_serving_fails_the_pipeline_not_the_data(tmp_path: Path) -> None:
+    run_rewrite_while_serving(tmp_path)
 
 
 def dump(cfg: Path, work: Path, *args: str) -> subprocess.CompletedProcess:

@@ -283,9 +283,10 @@ def config(tmp_path: Path, shard_dir: Path) -> Path:
     return path
 
 
-@pytest.mark.service
-@pytest.mark.timeout(120)
-def test_explain_dump_and_serve_exit_2_naming_the_truncated_shard(tmp_path):
+def run_truncated_shard_cli(tmp_path: Path) -> dict[str, object]:
+    """``zephon explain``, ``dump`` and ``serve`` over a dataset whose second shard is the
+    issue's reproduction (a ``.jsonl.zst`` of 8,192 rows with its last byte removed); checks
+    each exits 2 with the one line naming the file, and returns the shard and the runs."""
     shards = tmp_path / "data"
     shards.mkdir()
     (shards / "a.jsonl.zst").write_bytes(zst())
@@ -293,17 +294,17 @@ def test_explain_dump_and_serve_exit_2_naming_the_truncated_shard(tmp_path):
     data = zst()
     broken.write_bytes(data[:-1])  # the reproduction: `zstd -t` says "premature end"
     cfg = config(tmp_path, shards)
-    runs = [
-        subprocess.run(
+    runs = {
+        args[0]: subprocess.run(
             [sys.executable, "-m", "zephon_server.cli", *args, "--config", str(cfg)],
             capture_output=True,
             text=True,
             timeout=60,
         )
         for args in (["explain"], ["dump", "--batches", "1"])
-    ]
-    runs.append(serve_once(["--config", str(cfg)], tmp_path))
-    for res in runs:
+    }
+    runs["serve"] = serve_once(["--config", str(cfg)], tmp_path)
+    for res in runs.values():
         assert res.returncode == 2, (res.args, res.stdout[-500:], res.stderr[-2000:])
         errors = [line for line in res.stderr.splitlines() if line.startswith("zephon: error:")]
         assert errors == [
@@ -313,6 +314,13 @@ def test_explain_dump_and_serve_exit_2_naming_the_truncated_shard(tmp_path):
         ], res.stderr[-2000:]
         assert "Traceback" not in res.stderr
         assert res.stdout == ""
+    return {"shard": broken, "runs": runs}
+
+
+@pytest.mark.service
+@pytest.mark.timeout(120)
+def test_explain_dump_and_serve_exit_2_naming_the_truncated_shard(tmp_path):
+    run_truncated_shard_cli(tmp_path)
 
 
 def _got(errors: list[str]) -> str:
