@@ -416,7 +416,8 @@ def test_stream_limit_answers_resource_exhausted_while_health_answers(corpus_dir
 def test_reconnect_past_the_slowest_consumer_after_lost_acks(corpus_dir, tmp_path):
     """Peer A holds lane 0 at seq 1; peer B reads on without its acks reaching the server
     (they were in flight when its connection died) and reopens where it is: every seq already
-    produced is reachable, even beyond A + --max-ahead."""
+    produced is reachable, even beyond A + --max-ahead. The log holds at most --max-ahead + 8
+    batches past A, so B's next batch comes once A moves (here: leaves)."""
     cfg = endless_config(tmp_path / "lost-acks.yaml", corpus_dir, lanes=2)
     srv = ServerProcess(["--config", str(cfg), "--max-ahead", "2"], tmp_path)
     channel = grpc.insecure_channel(srv.address)
@@ -436,6 +437,9 @@ def test_reconnect_past_the_slowest_consumer_after_lost_acks(corpus_dir, tmp_pat
         position = len(b.seqs)
         assert position > 1 + 2, "production overshoot too small for this test"
         again = LaneReader(stub, 0, start_seq=position, consumer="peer-b")
+        time.sleep(1.0)
+        assert again.error is None, again.error.details()  # opened beyond A + --max-ahead
+        a.stop()
         assert wait_until(lambda: again.seqs or again.error, 10)
         assert again.error is None, again.error.details()
         assert again.seqs[0] == position

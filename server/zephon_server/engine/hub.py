@@ -2,11 +2,30 @@
 
 The hub runs the pipeline on a producer thread and keeps, per lane, a log of recent batches.
 Consumers read by absolute seq; several consumers of one lane (tensor/pipeline-parallel
-peers) get the identical batch objects, computed once. Memory is bounded per lane: the
-source stops feeding a lane once it is ``max_ahead`` batches ahead of its slowest consumer,
-so a slow consumer holds back only its own lane, and consumed batches are kept only
-``keep_consumed`` deep for quick reconnects. A consumer asking for an older seq is served
-by a private *replay* run regenerated from that lane's nearest epoch boundary.
+peers) get the identical batch objects, computed once. A consumer asking for a seq the log no
+longer holds is served by a shared *replay* (:mod:`.replays`) regenerated from that lane's
+nearest epoch boundary, and handed back to the log once it holds the consumer's seq again.
+
+Memory is bounded per lane, in two steps:
+
+* the gate: the source stops feeding a lane once it is ``max_ahead`` batches ahead of its
+  slowest consumer (or, with none, of its last acknowledged position), so a slow consumer
+  holds back only its own lane;
+* the producer: the work already in flight can still make any number of batches (one huge
+  document packs into thousands), so the producer thread waits before adding a batch to a
+  lane that holds ``limit = max_ahead + headroom(max_ahead)`` unconsumed batches, until an
+  ack, a consumer leaving, a stop or a resume makes room. The pipeline's queues are bounded,
+  so everything in flight stops with it, and the other lanes of the run wait too (they share
+  one pipeline). Except when another lane has a reader (or a checkpoint) waiting for a batch:
+  that wait might never end (a trainer reads its lanes in turn), so the full lane keeps its
+  batches instead, up to ``cap = limit + overflow(max_ahead)``; past that, its batches are
+  *not kept* (their digests still chain) and whoever reads them gets them from a replay.
+
+A lane's log is therefore one contiguous run of batches, possibly followed by a *gap* of
+batches not kept (up to ``next_seq``); nothing is kept past a gap, and the log starts afresh
+once no live consumer reads before it. Consumed batches are kept ``keep_consumed`` deep for
+quick reconnects. With replays off (``max_replays=0``) nothing could be regenerated, so a
+full lane keeps its batches instead of leaving a gap (bounded by the work in flight only).
 
 The hub never imports gRPC; the service adapts it to the protocol.
 """
@@ -16,9 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .checkpoint import (
@@ -31,14 +48,43 @@ from .checkpoint import (
 from .checkpoint_key import CheckpointKey
 from .errors import ConfigError, ZephonError
 from .execution import ExecutionConfig
+from .lane_buffer import LaneBuffer
 from .manifest import ShardManifest, manifest_dir, save_manifest
 from .pipeline import Pipeline
 from .planner import Plan
-from .records import LaneEnd, SampleBatch, SampleMeta
+from .readers import HubReader, LaneReader
+from .records import LaneEnd, SampleBatch
 from .replay_cache import ReplayCache
-from .run import LaneLog, PipelineRun
+from .replays import ReplayLimit, ReplayPool, SharedReplay
+from .run import EndOfLane, PipelineRun
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "BadLane",
+    "EndOfLane",
+    "HubClosed",
+    "LaneHub",
+    "LaneReader",
+    "OutOfRange",
+    "ReplayLimit",
+    "headroom",
+    "overflow",
+]
+
+
+def headroom(max_ahead: int) -> int:
+    """Batches a lane's log may hold beyond ``max_ahead`` before the producer waits: the gate
+    stops feeding a lane at ``max_ahead``, and the chunks already in flight usually add a few
+    batches more; waiting only past this headroom keeps the producer from stopping for them."""
+    return max(8, max_ahead // 2)
+
+
+def overflow(max_ahead: int) -> int:
+    """Batches a full lane's log may grow by while another lane waits for the pipeline, before
+    its batches are not kept: enough for a chunk or two of ordinary documents in flight (a
+    trainer reading its lanes in turn keeps every lane busy), bounded for a huge one."""
+    return max(256, 4 * max_ahead)
 
 
 class OutOfRange(ZephonError):
@@ -51,41 +97,6 @@ class HubClosed(ZephonError):
 
 class BadLane(ZephonError, ValueError):
     """A lane this server does not serve."""
-
-
-@dataclass
-class EndOfLane:
-    """Returned by :meth:`LaneHub.read` past a lane's last batch.
-
-    ``tombstones``: records dropped after the lane's last batch (their ``closes`` and reason),
-    which no batch carries."""
-
-    next_seq: int
-    chain: bytes
-    tombstones: tuple[SampleMeta, ...] = ()
-
-    @classmethod
-    def of(cls, log: LaneLog) -> EndOfLane:
-        """The end of a lane whose run has ended it."""
-        return cls(log.next_seq, log.chain, tuple(log.tail_tombstones))
-
-
-@dataclass
-class _Lane:
-    lane: int
-    start_seq: int  # first seq this run can produce (resume position)
-    batches: deque[SampleBatch] = field(default_factory=deque)
-    next_seq: int = 0  # next seq the producer will add
-    end: EndOfLane | None = None
-    consumers: dict[str, int] = field(default_factory=dict)  # consumer -> acked next_seq
-    acked: int = 0
-
-    @property
-    def first_seq(self) -> int:
-        return self.batches[0].seq if self.batches else self.next_seq
-
-    def slowest(self) -> int:
-        return min(self.consumers.values()) if self.consumers else self.acked
 
 
 class LaneHub:
@@ -102,7 +113,10 @@ class LaneHub:
         keep_consumed: int = 64,
         replay_cache: ReplayCache | None = None,
         checkpoint_key: CheckpointKey | None = None,
+        max_replays: int = 4,
     ) -> None:
+        if isinstance(max_ahead, bool) or not isinstance(max_ahead, int) or max_ahead < 1:
+            raise ConfigError(f"max_ahead (--max-ahead) must be an integer >= 1, got {max_ahead!r}")
         self.pipeline = pipeline
         self.execution = execution
         self.plan: Plan = pipeline.plan(execution)
@@ -117,21 +131,28 @@ class LaneHub:
         self.checkpoint_key = checkpoint_key
         self.replay_cache = replay_cache
         self.max_ahead = max_ahead
+        #: Unconsumed batches a lane's log holds at most while no other lane needs a batch...
+        self.limit = max_ahead + headroom(max_ahead)
+        #: ...and at all (with replays on): past it, batches are not kept.
+        self.cap = self.limit + overflow(max_ahead)
         self.keep_consumed = keep_consumed
-        # One lock; the general condition wakes the producer's gate and checkpoint waiters,
-        # each lane's condition only that lane's readers (no herd of every stream per batch).
-        lock = threading.RLock()
-        self._cond = threading.Condition(lock)
-        self._lane_conds = {lane: threading.Condition(lock) for lane in self.lanes}
+        self._replays = ReplayPool(max_replays)
+        # One lock; the general condition wakes the producer and checkpoint waiters, each
+        # lane's condition only that lane's readers (no herd of every stream per batch), each
+        # replay's condition only its readers and its producer.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._lane_conds = {lane: threading.Condition(self._lock) for lane in self.lanes}
         self._resume_lock = threading.Lock()
         self._run: PipelineRun | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closed = False
         self._generation = 0
-        self._state: dict[int, _Lane] = {}
+        self._state: dict[int, LaneBuffer] = {}
+        self._blocked: int | None = None  # the lane whose full log the producer waits on
+        self.producer_waits = 0
         self.resumed_from: str | None = None
-        self.replays_started = 0
         self._manifest_saved = False
         #: Called with the error when the pipeline fails (a worker died, bad data under
         #: ``on_error: fail``...) and with ``None`` when a run starts; the server turns it
@@ -156,6 +177,15 @@ class LaneHub:
     def error(self) -> BaseException | None:
         """Why the current run failed, or None."""
         return self._error
+
+    @property
+    def replays_started(self) -> int:
+        """Replays started since the hub was made (each one regeneration, shared)."""
+        return self._replays.started
+
+    @property
+    def max_replays(self) -> int:
+        return self._replays.limit
 
     def start(self, resume: ResumeState | None = None) -> None:
         """Start producing (from the beginning, or from ``resume``'s positions)."""
@@ -182,6 +212,7 @@ class LaneHub:
                 resume=resume,
                 gate=self,
                 replay_cache=self.replay_cache,
+                checkpoint_floor=self._checkpoint_floor,
             )
         except ConfigError as exc:
             if resume is None:
@@ -198,7 +229,7 @@ class LaneHub:
             self._state = {}
             for lane in self.lanes:
                 start = run.logs[lane].start.next_seq
-                self._state[lane] = _Lane(lane, start, next_seq=start, acked=start)
+                self._state[lane] = LaneBuffer(lane, start, next_seq=start, acked=start)
             gen = self._generation
             self._wake_all()  # readers of the previous run end (HubClosed: reopen the lane)
             self._thread = threading.Thread(
@@ -210,11 +241,14 @@ class LaneHub:
             self.on_failure(None)
 
     def stop(self) -> None:
-        """Stop producing and wake every reader (they get :class:`HubClosed`)."""
+        """Stop producing and replaying; wake every reader (they get :class:`HubClosed`)."""
         with self._cond:
             self._closed = True
             self._wake_all()
             run, thread = self._run, self._thread
+            replays = self._replays.close_all()
+        for replay in replays:
+            replay.stop()
         if run is not None:
             run.close()
         if thread is not None:
@@ -257,18 +291,35 @@ class LaneHub:
         with self._cond:
             self._cond.wait(timeout)
 
+    def _checkpoint_floor(self, lane: int) -> int | None:
+        """The oldest position a checkpoint of ``lane`` may still be taken at (the replay
+        cache keeps the epochs from there): its slowest consumer's, replays included."""
+        with self._cond:
+            st = self._state.get(lane)
+            return None if st is None or self._closed else st.position()
+
     # -- producer -------------------------------------------------------------------------
+
+    def _current(self, generation: int) -> bool:
+        return generation == self._generation and not self._closed
 
     def _produce(self, run: PipelineRun, generation: int) -> None:
         try:
             for item in run:
                 with self._cond:
-                    if generation != self._generation or self._closed:
+                    if not self._current(generation):
                         return
                     st = self._state[item.lane_id]
                     if isinstance(item, SampleBatch):
-                        st.batches.append(item)
+                        keep = self._keep(st, generation)
+                        if keep is None:
+                            return
                         st.next_seq = item.seq + 1
+                        if keep:
+                            st.batches.append(item)
+                        else:
+                            st.dropped += 1
+                        st.dropping = not keep
                         self._evict(st)
                     elif isinstance(item, LaneEnd):
                         st.end = EndOfLane.of(run.logs[item.lane_id])
@@ -278,21 +329,92 @@ class LaneHub:
         except BaseException as exc:
             log.exception("pipeline failed")
             with self._cond:
-                current = generation == self._generation and not self._closed
+                current = self._current(generation)
                 if current:
                     self._error = exc
                     self._wake_all()
             if current and self.on_failure is not None:
                 self.on_failure(exc)
 
-    def _evict(self, st: _Lane) -> None:
-        keep_from = st.slowest() - self.keep_consumed
-        while st.batches and st.batches[0].seq < keep_from:
-            st.batches.popleft()
+    def _full(self, st: LaneBuffer) -> bool:
+        return st.next_seq - st.slowest() >= self.limit
+
+    def _needed_elsewhere(self, lane: int) -> int | None:
+        """Another lane with a reader or checkpoint waiting for its next batch, which the
+        pipeline can give it (its log is not full): waiting for ``lane``'s consumers then
+        might never end. None if there is none."""
+        for key, other in self._state.items():
+            if key != lane and other.waiting and other.end is None and not self._full(other):
+                return key
+        return None
+
+    def _keep(self, st: LaneBuffer, generation: int) -> bool | None:
+        """Whether the producer's next batch of ``st`` goes into the log (the lock is held;
+        waiting releases it). While the log is full it waits, until an ack, a consumer
+        leaving, a stop or a resume makes room. When another lane needs a batch meanwhile it
+        keeps the batch, up to ``cap`` unconsumed ones; past that the batch is not kept
+        (False). None when this run is stopping."""
+        since = time.monotonic()
+        told = False
+        try:
+            while self._current(generation):
+                gapless = st.kept_end == st.next_seq  # nothing is kept past a gap
+                if not self._full(st):
+                    return gapless
+                needy = self._needed_elsewhere(st.lane)
+                if needy is not None:
+                    unconsumed = st.next_seq - st.slowest()
+                    if gapless and (unconsumed < self.cap or not self._replays.limit):
+                        return True  # (with replays off nothing could regenerate it)
+                    if not st.dropping:
+                        log.info(
+                            "lane %d: %d batches not acknowledged while lane %d waits for the "
+                            "pipeline: the next ones are not kept (a lane holds at most %d "
+                            "then); its readers get them from a replay",
+                            st.lane,
+                            unconsumed,
+                            needy,
+                            self.cap,
+                        )
+                    return False
+                if self._blocked is None:
+                    self._blocked = st.lane
+                    self.producer_waits += 1
+                if not told and time.monotonic() - since > 10:
+                    told = True
+                    log.info(
+                        "lane %d holds back the pipeline: %d batches not acknowledged (the "
+                        "most a lane holds is --max-ahead %d + %d); its consumers are at %s",
+                        st.lane,
+                        st.next_seq - st.slowest(),
+                        self.max_ahead,
+                        self.limit - self.max_ahead,
+                        sorted(st.consumers.values()) or f"none (acknowledged {st.acked})",
+                    )
+                self._cond.wait(0.5)
+            return None
+        finally:
+            if self._blocked is not None:
+                self._blocked = None
+                st.held_s += time.monotonic() - since
+
+    def _await_batch(self, st: LaneBuffer, cond: threading.Condition, timeout: float) -> None:
+        """A reader (the lock held) waits for ``st``'s next batch: it counts as demand that a
+        waiting producer must not ignore (see :meth:`_needed_elsewhere`)."""
+        st.waiting += 1
+        if self._blocked is not None:
+            self._cond.notify_all()
+        try:
+            cond.wait(timeout)
+        finally:
+            st.waiting -= 1
+
+    def _evict(self, st: LaneBuffer) -> None:
+        st.evict(self.keep_consumed)
 
     # -- consumers ------------------------------------------------------------------------
 
-    def _lane(self, lane: int) -> _Lane:
+    def _lane(self, lane: int) -> LaneBuffer:
         st = self._state.get(lane)
         if st is None:
             raise BadLane(
@@ -307,14 +429,16 @@ class LaneHub:
             st = self._lane(lane)
             return self._oldest(st), self._newest(st)
 
-    def _newest(self, st: _Lane) -> int:
+    def _newest(self, st: LaneBuffer) -> int:
         # Everything produced is reachable (a reconnecting consumer may be past the slowest
         # one: its acks were lost with the connection), and up to max_ahead beyond the slowest.
         if st.end is not None:
             return st.end.next_seq
         return max(st.next_seq, st.slowest() + self.max_ahead)
 
-    def _oldest(self, st: _Lane) -> int:
+    def _oldest(self, st: LaneBuffer) -> int:
+        if not self._replays.limit:
+            return st.first_seq  # replays are off: only the log
         assert self._run is not None
         history = self._run.logs[st.lane].history
         oldest = st.start_seq
@@ -323,24 +447,129 @@ class LaneHub:
         return min(oldest, st.first_seq)
 
     def open(self, lane: int, consumer: str, start_seq: int) -> LaneReader:
-        """A consumer's stream of ``lane`` from ``start_seq`` (raises OutOfRange / BadLane)."""
+        """A consumer's stream of ``lane`` from ``start_seq``; raises OutOfRange / BadLane, or
+        :class:`ReplayLimit` when the seq needs one replay more than ``max_replays``."""
         with self._cond:
             st = self._lane(lane)
             oldest = self._oldest(st)
             newest = self._newest(st)
             if start_seq < oldest or start_seq > newest:
                 when = "no longer" if start_seq < oldest else "not yet"
+                older = (
+                    "regenerates older ones from the last checkpointable position"
+                    if self._replays.limit
+                    else "replays are off (--max-replays 0)"
+                )
                 raise OutOfRange(
                     f"lane {lane}: seq {start_seq} is {when} reachable; reachable range is "
                     f"{oldest}..{newest} (the server keeps {self.keep_consumed} consumed batches "
-                    "and regenerates older ones from the last checkpointable position)"
+                    f"and {older})"
                 )
             generation = self._generation
-            st.consumers[consumer] = start_seq
-            replay = start_seq < st.first_seq
-        if replay:
-            return LaneReader(self._replay_stream(lane, consumer, start_seq, generation))
-        return _LiveReader(self, lane, consumer, start_seq, generation)
+            if st.holds(start_seq) or start_seq >= st.next_seq:
+                st.consumers[consumer] = start_seq
+            else:
+                self._join_replay(st, consumer, start_seq, start_seq)
+        return HubReader(self, lane, consumer, start_seq, generation)
+
+    def _join_replay(
+        self, st: LaneBuffer, consumer: str, seq: int, acked: int, forced: bool = False
+    ) -> None:
+        """Make ``consumer`` (acknowledged up to ``acked``) a reader of a replay serving
+        ``seq`` (the lock is held): one that has not passed it, else a new one from the first
+        cut of its epoch. ``forced``: a live reader whose next batch was not kept, which
+        always gets its replay (``max_replays`` limits streams opened at older seqs)."""
+        assert self._run is not None
+        run, lane = self._run, st.lane
+        try:
+            boundary, first = run.epoch_start(lane, seq)
+        except CheckpointError as exc:
+            raise OutOfRange(f"lane {lane}: seq {seq} is no longer reachable ({exc})") from exc
+        replay = self._replays.find(lane, seq, boundary)
+        if replay is None:
+            if not forced:
+                self._replays.admit(lane, seq, boundary)
+            replay = self._start_replay(lane, first, boundary)
+            log.info(
+                "lane %d: replay from seq %d (epoch boundary chunk %d) started for consumer %s "
+                "at seq %d",
+                lane,
+                first,
+                boundary,
+                consumer,
+                seq,
+            )
+        else:
+            log.debug(
+                "lane %d: consumer %s at seq %d joins the replay from seq %d",
+                lane,
+                consumer,
+                seq,
+                replay.start_seq,
+            )
+        replay.add_reader(consumer, seq)
+        st.replaying[consumer] = replay
+        st.replay_acked[consumer] = acked
+
+    def _start_replay(self, lane: int, first: int, boundary: int) -> SharedReplay:
+        """A replay of ``lane`` from position ``first`` (epoch ``boundary``), started (the lock
+        is held; its run is built on its own thread)."""
+        assert self._run is not None
+        state = self._run.checkpoint({lane: first})
+        replay = SharedReplay(
+            lane,
+            first,
+            boundary,
+            k=self.plan.pipeline.flush_every_k_chunks,
+            window=self.limit,
+            lock=self._lock,
+            make_run=lambda: PipelineRun(
+                self.plan,
+                lanes=[lane],
+                resume=state,
+                retention=16,
+                replay_cache=self.replay_cache,
+                checkpoint_floor=_keep_everything,
+                release_shared_memory=False,  # the hub's run owns the process's blocks
+            ),
+            on_finished=self._replay_finished,
+        )
+        self._replays.add(replay)
+        replay.start()
+        return replay
+
+    def _to_replay(self, st: LaneBuffer, consumer: str, seq: int) -> SharedReplay:
+        """A live reader's next batch is not in the log (not kept, or evicted): it reads a
+        replay from now on (the lock is held)."""
+        if not self._replays.limit:  # never happens: without replays every batch is kept
+            raise OutOfRange(f"lane {st.lane}: seq {seq} is not kept (--max-replays 0)")
+        acked = st.consumers.pop(consumer)
+        try:
+            self._join_replay(st, consumer, seq, acked, forced=True)
+        except BaseException:
+            st.consumers[consumer] = acked
+            raise
+        self._evict(st)
+        self._cond.notify_all()  # one live consumer less: the log may have room
+        return st.replaying[consumer]
+
+    def _replay_finished(self, replay: SharedReplay) -> None:
+        with self._cond:
+            self._replays.finished(replay)
+
+    def _hand_over(self, st: LaneBuffer, consumer: str, replay: SharedReplay, seq: int) -> bool:
+        """Move a replay reader at ``seq`` to the live log when the log holds that seq again
+        (the lock is held); True when it did."""
+        if not (st.first_seq <= seq < st.kept_end or seq == st.next_seq == st.kept_end):
+            return False
+        del st.replaying[consumer]
+        st.consumers[consumer] = st.replay_acked.pop(consumer)
+        self._replays.leave(consumer, replay)  # its last reader gone: it stops by itself
+        self._replays.forget_closed()
+        log.debug(
+            "lane %d: consumer %s continues from the live log at seq %d", st.lane, consumer, seq
+        )
+        return True
 
     def ack(self, lane: int, consumer: str, next_seq: int) -> None:
         """Consumer ``consumer`` consumed every batch of ``lane`` below ``next_seq``."""
@@ -351,14 +580,34 @@ class LaneHub:
                 st.acked = max(st.acked, next_seq)
                 self._evict(st)
                 self._cond.notify_all()
+            elif consumer in st.replay_acked and next_seq > st.replay_acked[consumer]:
+                st.replay_acked[consumer] = next_seq
+                st.acked = max(st.acked, next_seq)
+            else:
+                return
+            for replay in set(st.replaying.values()):
+                replay.cond.notify_all()  # their readers may be at the lane's bound
 
     def close_consumer(self, lane: int, consumer: str) -> None:
-        """The consumer's stream ended: it no longer holds back eviction."""
+        """The consumer's stream ended: it no longer holds back eviction (or its replay)."""
+        stop: SharedReplay | None = None
         with self._cond:
             st = self._state.get(lane)
-            if st is not None and st.consumers.pop(consumer, None) is not None:
+            if st is None:
+                return
+            found = st.consumers.pop(consumer, None) is not None
+            replay = st.replaying.pop(consumer, None)
+            if replay is not None:
+                found = True
+                st.replay_acked.pop(consumer, None)
+                if self._replays.leave(consumer, replay):
+                    stop = replay
+                self._replays.forget_closed()
+            if found:
                 self._lane_conds[lane].notify_all()
                 self._cond.notify_all()
+        if stop is not None:
+            stop.stop()  # its runner threads end now, not at its next batch
 
     def _wake_all(self) -> None:
         """Wake every waiter (stop, failure, reset); the lock is held."""
@@ -379,40 +628,12 @@ class LaneHub:
             return HubClosed("the engine was reset by Resume; reopen the lane")
         return self._error
 
-    def _replay_stream(
-        self, lane: int, consumer: str, seq: int, generation: int
-    ) -> Iterator[SampleBatch | EndOfLane]:
-        assert self._run is not None
-        state = self._run.checkpoint({lane: seq})
-        self.replays_started += 1
-        log.info(
-            "lane %d: consumer %s replays from seq %d (boundary chunk %d)",
-            lane,
-            consumer,
-            seq,
-            state.lanes[lane].boundary_chunk,
-        )
-        run = PipelineRun(self.plan, lanes=[lane], resume=state, replay_cache=self.replay_cache)
-        try:
-            for item in run:
-                self._check(generation)
-                with self._cond:
-                    if consumer not in self._state[lane].consumers:
-                        return  # closed (the call was cancelled)
-                if isinstance(item, SampleBatch):
-                    yield item
-                elif isinstance(item, LaneEnd):
-                    yield EndOfLane.of(run.logs[lane])
-                    return
-        finally:
-            run.close()
-
     # -- positions and checkpoints ----------------------------------------------------------
 
     def positions(self) -> dict[int, int]:
         """Acknowledged next_seq per lane (the slowest active consumer, else the last ack)."""
         with self._cond:
-            return {lane: st.slowest() for lane, st in sorted(self._state.items())}
+            return {lane: st.position() for lane, st in sorted(self._state.items())}
 
     def produced(self) -> dict[int, int]:
         with self._cond:
@@ -447,18 +668,30 @@ class LaneHub:
         deadline = time.monotonic() + timeout
         with self._cond:
             generation = self._generation
-            while not self._closed and self._error is None and generation == self._generation:
-                pending = [
-                    lane
-                    for lane, seq in positions.items()
-                    if (st := self._state[lane]).next_seq < seq
-                    and st.end is None
-                    and seq <= st.slowest() + self.max_ahead
-                ]
-                remaining = deadline - time.monotonic()
-                if not pending or remaining <= 0:
-                    return
-                self._cond.wait(min(remaining, 0.5))
+            marked: set[int] = set()  # lanes whose ``waiting`` this checkpoint raised
+            states = dict(self._state)
+            try:
+                while not self._closed and self._error is None and generation == self._generation:
+                    pending = {
+                        lane
+                        for lane, seq in positions.items()
+                        if (st := states[lane]).next_seq < seq
+                        and st.end is None
+                        and seq <= st.slowest() + self.max_ahead
+                    }
+                    remaining = deadline - time.monotonic()
+                    if not pending or remaining <= 0:
+                        return
+                    for lane in pending - marked:
+                        states[lane].waiting += 1  # demand: a waiting producer goes on
+                    for lane in marked - pending:
+                        states[lane].waiting -= 1
+                    marked = pending
+                    self._cond.notify_all()
+                    self._cond.wait(min(remaining, 0.5))
+            finally:
+                for lane in marked:
+                    states[lane].waiting -= 1
 
     def stats(self) -> dict[str, Any]:
         """Per-lane figures for metrics and progress logs."""
@@ -467,104 +700,28 @@ class LaneHub:
                 lane: {
                     "produced": st.next_seq,
                     "acked": st.slowest(),
+                    "unconsumed": st.next_seq - st.slowest(),
                     "buffered": len(st.batches),
-                    "consumers": len(st.consumers),
+                    "consumers": len(st.consumers) + len(st.replaying),
+                    "replay_readers": len(st.replaying),
+                    "held_back_s": st.held_s,
+                    "not_kept": st.dropped,
                     "ended": st.end is not None,
                 }
                 for lane, st in self._state.items()
             }
+            replays = self._replays.stats()
+            waiting_on = self._blocked
         run_stats = self._run.stats() if self._run is not None else {}
-        return {"lanes": lanes, "run": run_stats, "time": time.time()}
+        return {
+            "lanes": lanes,
+            "run": run_stats,
+            "replays": replays,
+            "producer_waiting_on": waiting_on,
+            "time": time.time(),
+        }
 
 
-class LaneReader(Iterator["SampleBatch | EndOfLane"]):
-    """One consumer's stream of a lane (:meth:`LaneHub.open`): its batches in seq order, then
-    an :class:`EndOfLane`. Iterating blocks until the next item exists; :meth:`ready` takes
-    the batches that already do without waiting (a replayed stream has none ready: it
-    regenerates them one by one)."""
-
-    def __init__(self, items: Iterator[SampleBatch | EndOfLane]) -> None:
-        self._items = items
-
-    def __next__(self) -> SampleBatch | EndOfLane:
-        return next(self._items)
-
-    def ready(
-        self, limit: int, max_bytes: int | None = None, linger: float = 0.0
-    ) -> list[SampleBatch]:
-        """Up to ``limit`` next batches that are produced already, while their tensors add up
-        to at most ``max_bytes``. With ``linger`` > 0 it first waits up to that many seconds
-        for ``limit`` batches to exist (less when the lane ends, the stream closes or the
-        run fails); otherwise it never waits."""
-        return []
-
-
-class _LiveReader(LaneReader):
-    """A consumer's stream of the batches the hub's run produces."""
-
-    def __init__(self, hub: LaneHub, lane: int, consumer: str, seq: int, generation: int) -> None:
-        self._hub = hub
-        self._lane = lane
-        self._consumer = consumer
-        self._seq = seq
-        self._generation = generation
-        self._done = False
-
-    def __next__(self) -> SampleBatch | EndOfLane:
-        if self._done:
-            raise StopIteration
-        hub, lane = self._hub, self._lane
-        with hub._cond:
-            while True:
-                hub._check(self._generation)
-                st = hub._state[lane]
-                seq = self._seq
-                if st.batches and st.first_seq <= seq < st.next_seq:
-                    self._seq += 1
-                    return st.batches[seq - st.first_seq]
-                if st.end is not None and seq >= st.end.next_seq:
-                    self._done = True
-                    return st.end
-                if seq < st.first_seq:
-                    raise OutOfRange(f"lane {lane}: seq {seq} was evicted")
-                if self._consumer not in st.consumers:
-                    self._done = True  # closed (the call was cancelled) while waiting
-                    raise StopIteration
-                hub._lane_conds[lane].wait(0.5)
-
-    def ready(
-        self, limit: int, max_bytes: int | None = None, linger: float = 0.0
-    ) -> list[SampleBatch]:
-        hub = self._hub
-        out: list[SampleBatch] = []
-        budget = float("inf") if max_bytes is None else max_bytes
-        with hub._cond:
-            st = hub._state[self._lane]
-            if linger > 0:
-                self._linger(st, limit, time.monotonic() + linger)
-            if self._done or hub._problem(self._generation) is not None:
-                return out  # the next __next__ reports it
-            while len(out) < limit and st.batches and st.first_seq <= self._seq < st.next_seq:
-                batch = st.batches[self._seq - st.first_seq]
-                budget -= batch.nbytes()
-                if budget < 0:
-                    break
-                out.append(batch)
-                self._seq += 1
-        return out
-
-    def _linger(self, st: _Lane, count: int, deadline: float) -> None:
-        """Wait (holding the hub's lock) until ``count`` batches past this reader's position
-        are produced, or until ``deadline``, the lane's end, the consumer's close or a run
-        problem, whichever comes first."""
-        hub = self._hub
-        while (
-            st.next_seq - self._seq < count
-            and st.end is None
-            and self._consumer in st.consumers
-            and hub._problem(self._generation) is None
-        ):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            hub._lane_conds[self._lane].wait(left)
+def _keep_everything(lane: int) -> None:
+    """A replay run's ``checkpoint_floor``: it never evicts the replay cache."""
+    return None

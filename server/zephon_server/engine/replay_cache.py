@@ -18,9 +18,11 @@ The cache never decides what the data is, only how fast it is rebuilt:
   text exactly as without a cache.
 
 Layout: ``<root>/<fingerprint[:16]>/lane-<L>/chunk-<C>/op<I>-<first cursor>.tok``. The run
-that owns the cache drops a lane's chunk directories once the lane is ``keep_epochs`` epochs
-past them (:meth:`ReplayCache.evict`), so the cache holds about ``keep_epochs`` epochs per
-lane (with the bench's geometry, 8 chunks of 1024 documents, ~3 MB of tokens per chunk).
+that owns the cache drops a lane's chunk directories once they are ``keep_epochs`` epochs
+before the epoch of the oldest position a checkpoint may still be taken at (the slowest
+consumer's, :meth:`ReplayCache.on_chunk`), so the cache holds about ``keep_epochs`` epochs per
+lane plus those the source runs ahead (with the bench's geometry, 8 chunks of 1024
+documents, ~3 MB of tokens per chunk).
 
 The cache is bounded by a :class:`~.cache_budget.CacheBudget` (``--replay-cache-max-bytes``),
 enforced as it writes, under the byte ledger every writing process shares: an entry that would
@@ -411,11 +413,15 @@ class ReplayCache:
             for name in old:
                 shutil.rmtree(lane_dir / name, ignore_errors=True)
 
-    def on_chunk(self, lane: int, chunk: int, k: int) -> None:
+    def on_chunk(self, lane: int, chunk: int, k: int, floor: int | None = None) -> None:
         """Called as the source starts ``lane``'s ``chunk``: at an epoch start, evict the
-        chunks more than ``keep_epochs`` epochs back."""
-        if k and chunk % k == 0 and chunk >= self.keep_epochs * k:
-            self.evict(lane, chunk - self.keep_epochs * k)
+        chunks more than ``keep_epochs`` epochs before ``floor``, the epoch boundary of the
+        oldest position a checkpoint of the lane may still be taken at (default: ``chunk``).
+        A source running far ahead of its consumers therefore never evicts the epochs a
+        checkpoint at their position replays."""
+        floor = chunk if floor is None else min(floor, chunk)
+        if k and chunk % k == 0 and floor >= self.keep_epochs * k:
+            self.evict(lane, floor - self.keep_epochs * k)
 
 
 def _chunk_number(name: str) -> int | None:

@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .checkpoint import CheckpointError, IncompatibleCheckpoint, LaneState, ResumeState
@@ -97,8 +98,37 @@ class LaneLog:
         return cursor, chain
 
 
+@dataclass
+class EndOfLane:
+    """What a reader gets past a lane's last batch.
+
+    ``tombstones``: records dropped after the lane's last batch (their ``closes`` and reason),
+    which no batch carries."""
+
+    next_seq: int
+    chain: bytes
+    tombstones: tuple[SampleMeta, ...] = ()
+
+    @classmethod
+    def of(cls, log: LaneLog) -> EndOfLane:
+        """The end of a lane whose run has ended it."""
+        return cls(log.next_seq, log.chain, tuple(log.tail_tombstones))
+
+
 class PipelineRun:
-    """One execution of a plan over a set of lanes; iterate for batches and lane ends."""
+    """One execution of a plan over a set of lanes; iterate for batches and lane ends.
+
+    ``checkpoint_floor(lane)`` gives the oldest position (next_seq) a checkpoint of the lane
+    may still be taken at (the hub: its slowest consumer's acknowledged position); the replay
+    cache keeps ``keep_epochs`` epochs before that position's epoch boundary. Without it the
+    boundary is the chunk the source starts (an in-process consumer is where the run is);
+    returning None keeps everything (a replay run, which is behind the run that evicts).
+
+    ``release_shared_memory``: whether :meth:`close` unlinks the process's shared-memory blocks
+    (processes runner). A run beside another one in the same process (a replay next to the
+    hub's run) passes False: the blocks are the process's, and releasing them would break the
+    other run's payloads in flight; what it leaves is released when the main run closes.
+    """
 
     def __init__(
         self,
@@ -110,6 +140,8 @@ class PipelineRun:
         retention: int = 4096,
         gate: LaneGate | None = None,
         replay_cache: ReplayCache | None = None,
+        checkpoint_floor: Callable[[int], int | None] | None = None,
+        release_shared_memory: bool = True,
     ) -> None:
         self.plan = plan
         p = plan.pipeline
@@ -125,6 +157,8 @@ class PipelineRun:
         )
         self.max_chunks_per_lane = max_chunks_per_lane
         self.gate = gate
+        self.checkpoint_floor = checkpoint_floor
+        self.release_shared_memory = release_shared_memory
         self._lock = threading.Lock()  # lane logs: producer appends, checkpoints read
         self.k = p.flush_every_k_chunks
         starts = self._starts(resume)
@@ -152,6 +186,56 @@ class PipelineRun:
 
     def _epoch_end(self, chunk: int) -> int:
         return (chunk // self.k + 1) * self.k if self.k else chunk + 1
+
+    def _boundary(self, log_: LaneLog, next_seq: int) -> int | None:
+        """The epoch boundary (chunk id) a resume at ``next_seq`` regenerates the lane from;
+        None when the position is not retained. The lock is held."""
+        if next_seq == log_.start.next_seq:
+            return log_.start.boundary_chunk
+        cut = log_.cut(next_seq)
+        if cut is None or cut[0] is None:
+            return None
+        return (int(cut[0][0]) // self.k) * self.k
+
+    def epoch_start(self, lane: int, next_seq: int) -> tuple[int, int]:
+        """``(boundary, first)``: the epoch boundary a resume at ``next_seq`` regenerates
+        ``lane`` from, and the first retained position whose resume regenerates from that same
+        boundary. Resumes at any position of one epoch produce the same batches from the
+        epoch's first cut on (cuts fall between whole batches), which lets one replay serve
+        them all. Raises :class:`CheckpointError` for a position not retained."""
+        with self._lock:
+            log_ = self.logs[lane]
+            boundary = self._boundary(log_, next_seq)
+            if boundary is None:
+                raise CheckpointError(f"lane {lane}: position {next_seq} is not retained")
+            # Boundaries never decrease with the position: bisect for the epoch's first cut.
+            lo = log_.start.next_seq
+            if log_.history and log_.history[0][0] > lo:
+                lo = log_.history[0][0] + 1  # the oldest cut points were rotated out
+            hi = next_seq
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._boundary(log_, mid) == boundary:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return boundary, lo
+
+    def _evict_cache(self, cache: ReplayCache, lane: int, chunk: int) -> None:
+        """The source starts ``lane``'s ``chunk``: let the replay cache drop the epochs no
+        checkpoint can still need (see the class docstring)."""
+        if chunk % self.k:
+            return  # only at epoch starts: chunk directories are dropped by whole epochs
+        floor: int | None = chunk
+        if self.checkpoint_floor is not None:
+            position = self.checkpoint_floor(lane)
+            if position is None:
+                return
+            with self._lock:
+                floor = self._boundary(self.logs[lane], position)
+            if floor is None:
+                return  # not retained here (another run's position): evict next time
+        cache.on_chunk(lane, chunk, self.k, floor=floor)
 
     def dataset_token_shares(self) -> dict[str, float]:
         """Share of delivered tokens per dataset name."""
@@ -293,7 +377,7 @@ class PipelineRun:
             delivered=self._delivered_lanes,
             on_chunk=None
             if cache is None
-            else (lambda lane, chunk: cache.on_chunk(lane, chunk, self.k)),
+            else (lambda lane, chunk: self._evict_cache(cache, lane, chunk)),
         )
         stream: Iterator[list[Any]] = iter(source)
         op_index = {id(op): i for i, op in enumerate(plan.ops)}
@@ -354,7 +438,9 @@ class PipelineRun:
         """Stop every runner's threads and workers."""
         for runner in self.runners:
             runner.close()
-        if any(stage.runner == "processes" for stage in self.plan.stages):
+        if self.release_shared_memory and any(
+            stage.runner == "processes" for stage in self.plan.stages
+        ):
             from . import shm
 
             shm.release_all()

@@ -1,5 +1,9 @@
 """The lane source: per-lane chunk streams turned into records, with sentinels and lane ends.
 
+A :class:`LaneGate` (the hub) stops it feeding a lane that is far enough ahead of its
+consumers; that bounds the chunks it starts, not what chunks in flight still make, which the
+hub bounds by making its producer wait (see :mod:`.hub`).
+
 Lanes are interleaved round-robin (one chunk of each lane in turn); the interleaving is an
 execution detail, since every accumulator keys its state by lane. After every
 ``flush_every_k_chunks`` chunks of a lane a :class:`FlushSentinel` is injected into that lane

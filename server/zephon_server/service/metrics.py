@@ -145,6 +145,7 @@ class EngineCollector(Collector):
         yield buffered
         yield produced
         yield consumers
+        yield from _flow_metrics(stats)
         if run is None:
             return
         stalled = GaugeMetricFamily(
@@ -274,3 +275,46 @@ class ReplayCacheCollector(Collector):
         yield budget
         yield evicted
         yield skipped
+
+
+def _flow_metrics(stats: dict[str, Any]) -> Iterator[Any]:
+    """The hub's backpressure and shared replays (read from ``LaneHub.stats()``)."""
+    held = CounterMetricFamily(
+        "zephon_lane_held_back_seconds",
+        "Time the pipeline waited because this lane's log was full (--max-ahead + headroom "
+        "batches not acknowledged); the other lanes of the run waited too",
+        labels=["lane"],
+    )
+    not_kept = CounterMetricFamily(
+        "zephon_lane_batches_not_kept",
+        "Batches not kept because the lane's log was full while another lane needed the "
+        "pipeline; their readers get them from a replay",
+        labels=["lane"],
+    )
+    for lane, st in stats["lanes"].items():
+        held.add_metric([str(lane)], st.get("held_back_s", 0.0))
+        not_kept.add_metric([str(lane)], st.get("not_kept", 0))
+    yield held
+    yield not_kept
+    replays = stats.get("replays", {})
+    running = GaugeMetricFamily(
+        "zephon_replays_running", "Replays regenerating older batches of a lane right now"
+    )
+    running.add_metric([], replays.get("running", 0))
+    readers = GaugeMetricFamily(
+        "zephon_replay_readers", "Streams reading a replay (several share one regeneration)"
+    )
+    readers.add_metric([], replays.get("readers", 0))
+    started = CounterMetricFamily(
+        "zephon_replays_started", "Replays started (each one regeneration, shared by its readers)"
+    )
+    started.add_metric([], replays.get("started", 0))
+    refused = CounterMetricFamily(
+        "zephon_replays_refused",
+        "Streams refused with RESOURCE_EXHAUSTED because --max-replays replays were running",
+    )
+    refused.add_metric([], replays.get("refused", 0))
+    yield running
+    yield readers
+    yield started
+    yield refused

@@ -60,6 +60,7 @@ from .servicer import LINGER, DataService, add_to_server
 log = logging.getLogger("zephon.serve")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DataService"].full_name
+DEFAULT_MAX_REPLAYS = 4
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -109,7 +110,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--max-ahead",
         type=int,
         default=32,
-        help="batches a lane may run ahead of its slowest consumer",
+        help="batches a lane may run ahead of its slowest consumer; its log then holds at most "
+        "N + max(8, N/2) unacknowledged batches, whatever the documents",
     )
     p.add_argument(
         "--linger-ms",
@@ -178,6 +180,25 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "within it, and writes nothing while its filesystem has less than a twentieth of its "
         "size (at most 1G) free, which is left for checkpoints",
     )
+    p.add_argument(
+        "--max-replays",
+        type=int,
+        default=DEFAULT_MAX_REPLAYS,
+        metavar="N",
+        help="replays regenerating a lane's older batches at once (streams opened at a seq the "
+        "server no longer keeps share one per lane and epoch); a stream that needs one more "
+        "gets RESOURCE_EXHAUSTED (0: no replays, such seqs are OUT_OF_RANGE)",
+    )
+
+
+def max_replays_from_args(args: argparse.Namespace) -> int:
+    """``--max-replays``, checked (0 to 1024)."""
+    n = getattr(args, "max_replays", DEFAULT_MAX_REPLAYS)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
+        raise ZephonError(
+            f"--max-replays must be a whole number between 0 and 1024 (0: no replays), got {n!r}"
+        )
+    return n
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
@@ -374,6 +395,7 @@ class Server:
             max_ahead=args.max_ahead,
             replay_cache=replay_cache_from_args(args),
             checkpoint_key=self.checkpoint_key,
+            max_replays=max_replays_from_args(args),
         )
         self.registry = CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry, self.hub)

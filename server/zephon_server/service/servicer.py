@@ -26,7 +26,7 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from .. import __version__
 from ..engine.checkpoint import CheckpointNotSaved, ResumeState
-from ..engine.hub import EndOfLane, HubClosed, LaneHub
+from ..engine.hub import EndOfLane, HubClosed, LaneHub, ReplayLimit
 from .encoding import encode_batches
 from .errors import InvalidRequest, abort
 from .limits import RequestLimits
@@ -215,6 +215,9 @@ class DataService(pb_grpc.DataServiceServicer):
                 self.hub.close_consumer(lane, old_consumer)
         try:
             stream = self.hub.open(lane, consumer, start)
+        except ReplayLimit as exc:  # too many lanes regenerating at once: try again later
+            self._forget(lane, name, consumer)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except Exception as exc:
             self._forget(lane, name, consumer)
             abort(context, exc)

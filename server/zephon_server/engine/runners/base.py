@@ -6,8 +6,10 @@ The pooled skeleton gives every step a driver thread (accumulator, serial) that 
 tasks to a worker pool with a sequence number, and a collector thread that releases results
 through the step's :class:`ReorderBuffer` to the next step. Consecutive steps without workers
 (``workers == 0``: cheap work run in the driver) share one driver thread instead, which runs
-them like the inline runner, with no reorder buffer or queue between them. Bounded queues and
-the reorder buffer's in-flight capacity give backpressure end to end.
+them like the inline runner, with no reorder buffer or queue between them, handing each
+task's output on before running the next (:func:`cascade`). Bounded queues, the reorder
+buffer's in-flight capacity and that piecewise hand-on give backpressure end to end: a
+consumer that stops pulling stops the work, however much one input expands.
 """
 
 from __future__ import annotations
@@ -84,14 +86,35 @@ def execute_inline(items: list[Any]) -> list[Any]:
     return out
 
 
-def cascade(drivers: list[StepDriver], items: list[Any], *, ordered: bool) -> list[Any]:
-    """Push ``items`` through ``drivers`` on the calling thread (the inline runner's way);
-    unordered, each step also releases its latency flushes."""
-    for driver in drivers:
-        items = execute_inline(driver.feed(items))
-        if not ordered:
-            items.extend(execute_inline(driver.poll()))
-    return items
+def cascade(drivers: list[StepDriver], items: list[Any], *, ordered: bool) -> Iterator[list[Any]]:
+    """Push ``items`` through ``drivers`` on the calling thread (the inline runner's way),
+    yielding the last step's output piece by piece; unordered, each step also releases its
+    latency flushes.
+
+    Each task's result goes through the following steps before the next task runs, so an
+    input that expands into many outputs (one huge document packed into thousands of rows)
+    never exists all at once, and a consumer that stops pulling (the hub's producer waiting
+    for acknowledgements) stops the work. Every accumulator sees the same elements in the
+    same order as with one call per step; only the grouping of its ``push_many`` calls is
+    finer, which never changes its output."""
+    if not drivers:
+        if items:
+            yield items
+        return
+    driver, rest = drivers[0], drivers[1:]
+    out = driver.feed(items)
+    if not ordered:
+        out.extend(driver.poll())
+    pending: list[Any] = []
+    for item in out:
+        if type(item) is Task:
+            pending.extend(item.step.run(item.elems))
+            yield from cascade(rest, pending, ordered=ordered)
+            pending = []
+        else:
+            pending.append(item)
+    if pending:
+        yield from cascade(rest, pending, ordered=ordered)
 
 
 def cascade_release(drivers: list[StepDriver], *, end: bool) -> list[Any]:
@@ -282,9 +305,9 @@ class PooledRunner(StageRunner):
                 if type(items) is _Error:
                     self._put(out_q, items)
                     return
-                items = cascade(drivers, items, ordered=self.ordered)
-                if items and not self._put(out_q, items):
-                    return
+                for piece in cascade(drivers, items, ordered=self.ordered):
+                    if not self._put(out_q, piece):
+                        return
         except BaseException as exc:
             self._put(out_q, _Error(exc))
 

@@ -17,9 +17,7 @@ class InlineRunner(StageRunner):
 
     def run(self, upstream: Iterator[ItemList]) -> Iterator[ItemList]:
         for items in upstream:
-            items = cascade(self.drivers, items, ordered=self.ordered)
-            if items:
-                yield items
+            yield from cascade(self.drivers, items, ordered=self.ordered)
         items = cascade_release(self.drivers, end=True)
         if items:
             yield items

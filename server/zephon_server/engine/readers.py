@@ -1,0 +1,143 @@
+"""Consumers' streams of a hub's lanes: from the live log, or from a shared replay.
+
+A reader reads its lane's log while the log holds its next seq; when it does not (the batch
+was not kept, or the reader opened at an older seq) it reads a shared replay
+(:mod:`.replays`) and goes back to the log as soon as the log holds its next seq again. Either
+way it yields the same batches, in seq order, then an :class:`EndOfLane`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .lane_buffer import LaneBuffer
+from .records import SampleBatch
+from .replays import SharedReplay
+from .run import EndOfLane
+
+if TYPE_CHECKING:
+    from .hub import LaneHub
+
+
+class LaneReader(Iterator["SampleBatch | EndOfLane"]):
+    """One consumer's stream of a lane (:meth:`LaneHub.open`): its batches in seq order, then
+    an :class:`EndOfLane`. Iterating blocks until the next item exists; :meth:`ready` takes
+    the batches that already do without waiting."""
+
+    def __init__(self, items: Iterator[SampleBatch | EndOfLane]) -> None:
+        self._items = items
+
+    def __next__(self) -> SampleBatch | EndOfLane:
+        return next(self._items)
+
+    def ready(
+        self, limit: int, max_bytes: int | None = None, linger: float = 0.0
+    ) -> list[SampleBatch]:
+        """Up to ``limit`` next batches that are produced already, while their tensors add up
+        to at most ``max_bytes``. With ``linger`` > 0 it first waits up to that many seconds
+        for ``limit`` batches to exist (less when the lane ends, the stream closes or the
+        run fails); otherwise it never waits."""
+        return []
+
+
+class HubReader(LaneReader):
+    """A consumer's stream: from the live log, or from a shared replay until the live log
+    holds its next seq again (then from the log)."""
+
+    def __init__(self, hub: LaneHub, lane: int, consumer: str, seq: int, generation: int) -> None:
+        self._hub = hub
+        self._lane = lane
+        self._consumer = consumer
+        self._seq = seq
+        self._generation = generation
+        self._done = False
+
+    def _replay(self, st: LaneBuffer) -> SharedReplay | None:
+        """This reader's replay, None once it reads the live log (the lock is held)."""
+        replay = st.replaying.get(self._consumer)
+        if replay is not None and self._hub._hand_over(st, self._consumer, replay, self._seq):
+            return None
+        return replay
+
+    def _ahead(self, st: LaneBuffer) -> bool:
+        """Whether this reader is as far ahead of its lane's slowest consumer (replay readers
+        included) as a lane's log may run: a replay reader then waits, as a live one waits
+        for the producer, so a peer that reads a replay does not run away from a stuck one."""
+        return self._seq >= st.position() + self._hub.limit
+
+    def __next__(self) -> SampleBatch | EndOfLane:
+        if self._done:
+            raise StopIteration
+        hub, lane = self._hub, self._lane
+        with hub._cond:
+            while True:
+                hub._check(self._generation)
+                st = hub._state[lane]
+                replay = self._replay(st)
+                if replay is None and self._consumer not in st.consumers:
+                    self._done = True  # closed (the call was cancelled) while waiting
+                    raise StopIteration
+                got = (replay or st).item(self._seq)
+                if replay is not None and isinstance(got, SampleBatch) and self._ahead(st):
+                    got = None  # a replay keeps to the live log's bound too
+                if isinstance(got, SampleBatch):
+                    self._seq += 1
+                    if replay is not None:
+                        replay.took(self._consumer, self._seq)
+                    return got
+                if got is not None:
+                    self._done = True
+                    return got
+                if replay is not None:
+                    if replay.error is not None:
+                        raise replay.error
+                    replay.cond.wait(0.5)
+                elif self._seq < st.next_seq:
+                    hub._to_replay(st, self._consumer, self._seq)  # not in the log (any more)
+                else:
+                    hub._await_batch(st, hub._lane_conds[lane], 0.5)
+
+    def ready(
+        self, limit: int, max_bytes: int | None = None, linger: float = 0.0
+    ) -> list[SampleBatch]:
+        hub = self._hub
+        out: list[SampleBatch] = []
+        budget = float("inf") if max_bytes is None else max_bytes
+        with hub._cond:
+            st = hub._state[self._lane]
+            replay = st.replaying.get(self._consumer)
+            if linger > 0 and replay is None:
+                self._linger(st, limit, time.monotonic() + linger)
+            if self._done or hub._problem(self._generation) is not None:
+                return out  # the next __next__ reports it
+            source = replay or st
+            while len(out) < limit:
+                batch = source.item(self._seq)
+                if not isinstance(batch, SampleBatch) or (replay is not None and self._ahead(st)):
+                    break
+                budget -= batch.nbytes()
+                if budget < 0:
+                    break
+                out.append(batch)
+                self._seq += 1
+            if replay is not None and out:
+                replay.took(self._consumer, self._seq)
+        return out
+
+    def _linger(self, st: LaneBuffer, count: int, deadline: float) -> None:
+        """Wait (holding the hub's lock) until ``count`` batches past this reader's position
+        are produced, or until ``deadline``, the lane's end, the consumer's close or a run
+        problem, whichever comes first."""
+        hub = self._hub
+        while (
+            st.next_seq - self._seq < count
+            and st.end is None
+            and self._consumer in st.consumers
+            and hub._problem(self._generation) is None
+        ):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            hub._await_batch(st, hub._lane_conds[self._lane], left)
