@@ -44,7 +44,11 @@ LANE_BATCHES = 400  # of lane 0 in the reference dump
 def setup(tmp_path_factory, corpus_dir):
     """A two-lane pipeline with long lanes and 4-chunk epochs, its dump of lane 0, and for
     each position of lane 0 the epoch boundary a resume there regenerates from."""
-    work = tmp_path_factory.mktemp("replays")
+    return make_setup(tmp_path_factory.mktemp("replays"), corpus_dir)
+
+
+def make_setup(work: Path, corpus_dir: Path):
+    """The module's setup in ``work`` (also used by tools/reliability_hardening.py)."""
     cfg = write_config(
         work / "replays.yaml",
         corpus_dir,
@@ -132,6 +136,13 @@ def read_ahead(srv: ServerProcess) -> None:
 @pytest.mark.service
 @pytest.mark.timeout(180)
 def test_thirty_streams_at_one_evicted_seq_share_one_replay(setup):
+    run_thirty_streams(setup)
+
+
+def run_thirty_streams(setup) -> dict[str, int]:
+    """Thirty streams at one evicted seq of lane 0 and four at other seqs of its epoch, on a
+    real server: every stream gets `zephon dump`'s batches from one shared replay. Returns the
+    streams, replays started and the server's threads and RSS (MB) before and during."""
     cfg, work, dump, epochs = setup
     srv, mport = serve(cfg, work)
     streams: list[Stream] = []
@@ -167,6 +178,14 @@ def test_thirty_streams_at_one_evicted_seq_share_one_replay(setup):
         for s in streams:
             s.call.cancel()
         assert srv.terminate() == 0, srv.output()[-3000:]
+    return {
+        "streams": len(seqs),
+        "replays": int(metric(text, "zephon_replays_started_total")),
+        "threads_before": before["threads"],
+        "threads_during": during["threads"],
+        "rss_before_mb": before["rss"] >> 20,
+        "rss_during_mb": during["rss"] >> 20,
+    }
 
 
 @pytest.mark.service

@@ -25,6 +25,8 @@ HARDENING_TESTS = (
     "test_disk_full.py",
     "test_bad_records.py",
     "test_crash_cleanup.py",
+    "test_memory_bound.py",
+    "test_replays.py",
     "test_metrics_http.py",
 )
 _LOG_PREFIX = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\w+) [\w.]+: ")
@@ -299,15 +301,49 @@ def _disk(work: Path, setup: dict[str, Any], short: Short) -> list[list[Any]]:
     return rows
 
 
+MEMORY_DOC_MB = 50  # the issue's reproduction: 97,675 buffered batches and 1.9 GB RSS
+
+
+def _memory(work: Path, corpus: Path) -> list[list[Any]]:
+    import test_memory_bound as tm
+    import test_replays as tr
+
+    huge = tm.make_huge_config(_dir(work / "memory" / "huge"), MEMORY_DOC_MB)
+    acked = tm.run_never_acking(huge, _dir(work / "memory" / "never-acks"))
+    idle = tm.run_no_consumer(corpus, _dir(work / "memory" / "idle"))
+    shared = tr.run_thirty_streams(tr.make_setup(_dir(work / "memory" / "replays"), corpus))
+    bound = int(acked["bound"])
+    return [
+        [
+            f"one {MEMORY_DOC_MB} MB document, `--max-ahead {tm.MAX_AHEAD}`, streams that "
+            "never acknowledge",
+            f"buffered batches per lane <= {acked['buffered']:.0f}, unacknowledged "
+            f"<= {acked['lag']:.0f} (bound {bound}: --max-ahead + max(8, --max-ahead / 2)); "
+            f"peak server RSS {acked['rss_mb']:.0f} MB",
+        ],
+        [
+            f"no consumer at all on {idle['lanes']:.0f} lanes for 4 s",
+            f"at most {idle['worst']:.0f} batches buffered on any lane (bound {bound})",
+        ],
+        [
+            f"{shared['streams']} streams opened at evicted seqs of one lane and epoch",
+            f"{shared['replays']} replay run started for all of them; server threads "
+            f"{shared['threads_before']} -> {shared['threads_during']} (two per stream are "
+            f"the streams' own), RSS {shared['rss_before_mb']} -> {shared['rss_during_mb']} "
+            "MB; every stream equal to `zephon dump`",
+        ],
+    ]
+
+
 def bounds(rep: Report, work: Path, corpus: Path, setup: dict[str, Any], short: Short) -> None:
-    # The memory bound (issue 19 item 5: a 50 MB document, shared replays) is not here yet:
-    # its scenario joins this table when its test lands.
-    rows = _requests(work, corpus, short) + _disk(work, setup, short)
+    rows = _memory(work, corpus) + _requests(work, corpus, short) + _disk(work, setup, short)
     rep.add(
-        "### Bounds: request fields, message size, undecodable requests, a full disk",
+        "### Bounds: memory, request fields, message size, undecodable requests, a full disk",
         "",
-        "Each request over a bound is refused and nothing is stored; the server stays "
-        "SERVING. The state directory on a real small tmpfs.",
+        "A lane buffers at most `--max-ahead` + max(8, `--max-ahead` / 2) unacknowledged "
+        "batches whatever the documents (the producer waits); replays of one lane and epoch "
+        "share one regeneration. Each request over a bound is refused and nothing is stored; the "
+        "server stays SERVING. The state directory on a real small tmpfs.",
         "",
     )
     rep.table(["case", "what happened"], rows)
