@@ -175,15 +175,19 @@ class _Handler(BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         if fault is not None and fault.kind == "fail":
             data = _error_body(fault.status, fault.code)
+            # logged before answering: the client may look at the log as soon as it has it
+            self.owner._record(Logged(method, path, rng, fault.status, len(data), "fail"))
             self.send_response(fault.status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             if method != "HEAD":
                 self.wfile.write(data)
-            self.owner._record(Logged(method, path, rng, fault.status, len(data), "fail"))
             return
         status, headers, data = self._forward(method, path, body)
+        reset = fault is not None and fault.kind == "reset"
+        sent = len(data) // 2 if reset else len(data)
+        self.owner._record(Logged(method, path, rng, status, sent, "reset" if reset else None))
         self.send_response(status)
         for key, value in headers:
             skip = key.lower() in _HOP or (key.lower() == "content-length" and method != "HEAD")
@@ -192,15 +196,12 @@ class _Handler(BaseHTTPRequestHandler):
         if method != "HEAD":
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if fault is not None and fault.kind == "reset":
-            self.wfile.write(data[: len(data) // 2])
+        if reset:
+            self.wfile.write(data[:sent])
             self.wfile.flush()
-            self.owner._record(Logged(method, path, rng, status, len(data) // 2, "reset"))
             self._reset()
-            return
-        if method != "HEAD":
+        elif method != "HEAD":
             self.wfile.write(data)
-        self.owner._record(Logged(method, path, rng, status, len(data), None))
 
     def _body(self) -> bytes:
         """The request body (``Content-Length`` or chunked transfer encoding)."""
