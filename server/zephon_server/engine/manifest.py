@@ -92,7 +92,8 @@ class DatasetShards:
         return cls(
             root,
             tuple(
-                ShardEntry(p[len(root) + 1 :], ident, rows) for p, ident, rows in paths_identities_rows
+                ShardEntry(p[len(root) + 1 :], ident, rows)
+                for p, ident, rows in paths_identities_rows
             ),
         )
 
