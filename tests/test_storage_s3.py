@@ -51,11 +51,11 @@ def new_bucket(s3, **kw) -> str:
     return s3.bucket(f"t-{uuid.uuid4().hex[:16]}", **kw)
 
 
-def digests(specs, lanes=2):
+def digests(specs, lanes=2, execution=INLINE):
     pipe = Pipeline(specs, seed=11, lanes=lanes, chunk_size=16, flush_every_k_chunks=2)
     pipe.decode_text().tokenize(tokenizer="byte").batch(microbatch_size=4)
     out: dict[int, list[str]] = {}
-    for batch in pipe.run(INLINE).batches():
+    for batch in pipe.run(execution).batches():
         out.setdefault(batch.lane_id, []).append(batch.chain_digest.hex())
     return out, pipe
 
@@ -89,6 +89,8 @@ def test_every_format_reads_byte_identical_to_local_disk(s3, four_formats):
     local_digests, local_pipe = digests(four_formats)
     remote_digests, remote_pipe = digests(remote)
     assert remote_digests == local_digests and sum(map(len, local_digests.values())) > 20
+    threads = ExecutionConfig(runner="threads", workers=4)  # concurrent reads of one store
+    assert digests(remote, execution=threads)[0] == local_digests
 
     local_infos = resolve_datasets(four_formats, cache=ShardCache())
     remote_infos = resolve_datasets(remote, cache=ShardCache())

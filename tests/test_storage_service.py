@@ -17,7 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from s3_server import S3Server, free_port
 
-from service_helpers import read_lane, server
+from service_helpers import read_lane, serve_once, server
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(180)]
 
@@ -103,6 +103,9 @@ def test_bad_credentials_and_a_missing_bucket_stop_explain_and_dump_with_one_lin
     assert res.returncode == 2 and "Traceback" not in res.stderr
     (line,) = res.stderr.strip().splitlines()
     assert "does not exist" in line and "AWS_ENDPOINT_URL" in line
+    res = serve_once(["--config", str(missing)], tmp_path, env=s3.env())
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == line  # the same one line, after the log
 
 
 def test_explain_never_shows_storage_secrets(tmp_path, s3, stream_config, corpus_dir):

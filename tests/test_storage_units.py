@@ -237,3 +237,59 @@ def test_local_store_api(tmp_path):
     store.delete(key)  # absent is fine
     assert store.list(str(tmp_path / "d")) == []
     assert pickle.loads(pickle.dumps(store)).__class__ is LocalStore
+
+
+def test_requests_in_flight_are_bounded_by_max_concurrency():
+    import threading
+    import time
+
+    requests = Requests(RetryPolicy(1, 0.0, 0.0), 2, StorageStats())
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def attempt():
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.02)
+        with lock:
+            now[0] -= 1
+        return b""
+
+    threads = [
+        threading.Thread(target=requests.call, args=("get", "s3://b/k", attempt)) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert most[0] == 2
+
+
+def test_storage_options_stay_out_of_the_fingerprint():
+    from zephon_server.engine.datasets import DatasetInfo, ShardInfo
+    from zephon_server.engine.pipeline import Pipeline, fingerprint
+
+    def fp(storage_options):
+        spec = DatasetSpec("web", "s3://b/web/", 1.0, storage_options=storage_options)
+        shard = ShardInfo("s3://b/web/a.jsonl", "jsonl", 10, 2, 0, etag="e1")
+        pipe = Pipeline([spec]).decode_text().tokenize(tokenizer="byte").batch(microbatch_size=2)
+        return fingerprint(pipe, [DatasetInfo(spec, 0, (shard,))])
+
+    assert fp(None) == fp({"endpoint_url": "http://x:9000", "max_concurrency": 3})
+
+
+def test_manifests_of_object_shards_keep_their_urls():
+    from zephon_server.engine.manifest import DatasetShards
+
+    shards = DatasetShards.of(
+        [
+            ("s3://b/c/web/a.jsonl", "size=1 etag=x", 1),
+            ("s3://b/c/web/d/b.jsonl", "size=2 etag=y", 2),
+        ]
+    )
+    assert shards.root == "s3://b/c/web"
+    assert [e.key for e in shards.shards] == ["a.jsonl", "d/b.jsonl"]
+    assert [shards.path(e) for e in shards.shards] == [
+        "s3://b/c/web/a.jsonl",
+        "s3://b/c/web/d/b.jsonl",
+    ]

@@ -20,7 +20,6 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .location import ObjectUrl
 from .options import StorageOptions
 from .retry import Requests, RetryPolicy, StorageRequestError
 from .s3 import make_filesystem
@@ -60,7 +59,7 @@ class ArrowStore:
     # ------------------------------------------------------------------ Store API
 
     def url(self, key: str) -> str:
-        return ObjectUrl(self.scheme, self.bucket, key).with_key(key)
+        return f"{self.scheme}://{self.bucket}/{key}"
 
     def stat(self, key: str) -> ObjectInfo:
         """HEAD ``key``; :class:`StorageRequestError` with outcome ``not_found`` if absent."""
