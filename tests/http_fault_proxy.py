@@ -5,7 +5,8 @@ request to ``127.0.0.1:target_port`` (keep-alive connections are kept). Faults a
 runtime and consumed by the next requests that match them:
 
 * ``fail(n, status=503, code="SlowDown")``: answer the next ``n`` matching requests with that
-  status and an S3 XML error body (``429``/``SlowDown``, ``500``/``InternalError``...);
+  status and an S3 XML error body (``429``/``SlowDown``, ``500``/``InternalError``...),
+  optionally running ``before()`` first (to change the object while the request is out);
 * ``reset(n)``: forward the next ``n`` matching requests, then send the response's headers and
   half of its body and reset the connection (RST, ``SO_LINGER`` 0): a connection that dies
   mid-body.
@@ -23,7 +24,7 @@ import http.client
 import socket
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -57,6 +58,7 @@ class _Fault:
     code: str
     methods: frozenset[str] | None
     path: str | None
+    before: Callable[[], None] | None = None
 
     def matches(self, method: str, path: str) -> bool:
         if self.left <= 0:
@@ -95,9 +97,11 @@ class HttpFaultProxy:
         code: str = "SlowDown",
         methods: Iterable[str] | None = None,
         path: str | None = None,
+        before: Callable[[], None] | None = None,
     ) -> None:
-        """Answer the next ``n`` matching requests with ``status`` and an S3 error ``code``."""
-        self._add(_Fault("fail", n, status, code, _methods(methods), path))
+        """Answer the next ``n`` matching requests with ``status`` and an S3 error ``code``
+        (calling ``before()`` first, e.g. to change the object while the request is out)."""
+        self._add(_Fault("fail", n, status, code, _methods(methods), path, before))
 
     def reset(self, n: int, methods: Iterable[str] | None = None, path: str | None = None) -> None:
         """Reset the next ``n`` matching requests' connections half-way through the body."""
@@ -174,6 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         fault = self.owner._take(method, path)
         rng = self.headers.get("Range")
         if fault is not None and fault.kind == "fail":
+            if fault.before is not None:
+                fault.before()
             data = _error_body(fault.status, fault.code)
             # logged before answering: the client may look at the log as soon as it has it
             self.owner._record(Logged(method, path, rng, fault.status, len(data), "fail"))

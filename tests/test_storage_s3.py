@@ -321,6 +321,24 @@ def test_a_rewritten_object_is_shard_changed_never_read(s3, tmp_path):
     assert again.shards[0].identity != plain.identity and again.shards[0].num_rows == 1
 
 
+def test_an_object_rewritten_during_a_failed_read_is_shard_changed(s3, tmp_path):
+    bucket = new_bucket(s3)
+    s3.put(bucket, "a.jsonl", b"".join(b'{"text": "doc %d"}\n' % i for i in range(30)))
+    with HttpFaultProxy(s3.port) as proxy:
+        opts = options(proxy.endpoint, retry_attempts=2)
+        spec = DatasetSpec("a", f"s3://{bucket}/a.jsonl", 1.0, storage_options=opts)
+        cache = ShardCache()
+        (info,) = resolve_datasets([spec], cache=cache)
+
+        def rewrite():
+            s3.put(bucket, "a.jsonl", b'{"text": "new"}\n')
+
+        proxy.fail(1, 500, "InternalError", methods=["GET"], before=rewrite)
+        proxy.fail(1, 500, "InternalError", methods=["GET"])
+        with pytest.raises(ShardChanged, match=r"changed after it was indexed \(ETag"):
+            cache.read_rows(info.shards[0], [2], "text")
+
+
 def test_a_versioned_bucket_adds_the_version_to_the_identity(s3):
     bucket = new_bucket(s3, versioned=True)
     s3.put(bucket, "v/a.jsonl", b'{"text": "x"}\n')
