@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from .location import ObjectUrl, is_url
 from .options import StorageOptions
 
@@ -184,8 +184,6 @@ def configure_bucket(url: str, options: StorageOptions, owner: str) -> None:
     that read one bucket with different options raise :class:`~..errors.ConfigError`
     naming ``owner``.
     """
-    from ..errors import ConfigError
-
     parsed = ObjectUrl.parse(url)
     key = (parsed.scheme, parsed.bucket)
     with _stores_lock:
