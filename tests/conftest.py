@@ -48,3 +48,13 @@ def make_pipeline(specs, *, lanes=4, chunk_size=32, k=2, seed=1234, ops=None) ->
     for name, params in ops or []:
         pipe.add(name, **params)
     return pipe
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3-protocol server (moto's standalone server) on loopback for the session."""
+    from s3_server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()

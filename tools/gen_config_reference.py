@@ -33,6 +33,7 @@ from zephon_server.engine.ops.packing import ALGORITHMS, OVERSIZED_POLICIES
 from zephon_server.engine.ops.shuffle import SHUFFLE_ALGORITHMS
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.shards import EXTENSIONS, FORMATS
+from zephon_server.engine.storage.options import StorageOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "docs" / "config-reference.md"
@@ -59,7 +60,8 @@ DATASET = {
     "name": "Unique name; used by `ensure_mixture.weights`, metrics labels and errors.",
     "path": "A directory (every shard file below it with a supported extension, hidden files "
     "skipped), one file, or a glob pattern (`**` allowed). Relative paths resolve against the "
-    "config file's directory.",
+    "config file's directory. Or an object-store URL: `s3://bucket/prefix/`, "
+    "`s3://bucket/key.jsonl.zst`, `s3://bucket/cc/**/*.parquet`.",
     "weight": "Mixture weight, > 0. Weights are relative: 0.7/0.3 and 7/3 are the same mixture.",
     "text_field": "JSON field (JSONL) or column (Parquet) holding the text.",
     "on_error": "`fail`: a malformed or unreadable record stops the pipeline with an error "
@@ -70,10 +72,35 @@ DATASET = {
     "order.",
     "format": "Override the format inferred from the extension (use with a glob for files "
     "without a supported extension).",
+    "storage_options": "How to reach an object-store `path` (`s3://bucket/prefix/`, one object "
+    "or a glob): see `datasets[].storage_options` below. Not in the fingerprint; secrets are "
+    "never shown.",
     "max_document_bytes": "The largest document in bytes (a JSONL line without its newline, a "
     "Parquet value's UTF-8 or binary length), >= 1. A larger one follows `on_error`: `fail` "
     "stops naming file, line, size and limit; `skip` drops it as `too_large` (a plain JSONL "
     "line that long is not even read).",
+}
+
+STORAGE = {
+    "endpoint_url": "S3 endpoint, e.g. `http://127.0.0.1:9000` (default: `$AWS_ENDPOINT_URL_S3`, "
+    "`$AWS_ENDPOINT_URL`, else AWS).",
+    "region": "Region (default: `$AWS_REGION` / `$AWS_DEFAULT_REGION`, the profile's, else "
+    "`us-east-1`).",
+    "access_key": "Access key id (default: the standard AWS credential chain: "
+    "`AWS_ACCESS_KEY_ID`, `AWS_PROFILE`, `~/.aws/credentials`, instance roles). With "
+    "`secret_key`.",
+    "secret_key": "Secret access key (never logged or shown).",
+    "session_token": "Session token of temporary credentials (never logged or shown).",
+    "anonymous": "Unsigned requests, for public buckets.",
+    "max_concurrency": "Requests in flight per bucket and process (a semaphore).",
+    "retry_attempts": "Attempts per request, the first included, on throttling (429, 503 "
+    "SlowDown), 5xx and connection resets/timeouts; then the read is a data error under "
+    "`on_error`.",
+    "retry_base_s": "Backoff base: retry k waits a uniform draw from [0, min(cap, base * "
+    "2^(k-1))] seconds (full jitter).",
+    "retry_cap_s": "Backoff cap in seconds.",
+    "request_timeout_s": "The SDK's request timeout in seconds (default: the SDK's).",
+    "connect_timeout_s": "The SDK's connect timeout in seconds (default: the SDK's).",
 }
 
 EXECUTION = {
@@ -232,6 +259,22 @@ def dataset_section() -> list[str]:
     return out
 
 
+def storage_section() -> list[str]:
+    out = [
+        "## `datasets[].storage_options`",
+        "",
+        "Optional, for object-store paths only; unknown keys are rejected.",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for f in dataclasses.fields(StorageOptions):
+        meaning = _cell(_need(STORAGE, f.name, "storage_options key"))
+        kind = _cell(f"`{f.type}`")
+        out.append(f"| `{f.name}` | {kind} | {_default(f.default)} | {meaning} |")
+    return out
+
+
 def execution_section() -> list[str]:
     out = [
         "## `execution`",
@@ -362,6 +405,8 @@ def generate() -> str:
         *top_level_section(),
         "",
         *dataset_section(),
+        "",
+        *storage_section(),
         "",
         *operators_section(),
         "",

@@ -2,7 +2,9 @@
 
 A :class:`DatasetSpec` is what users configure; :func:`resolve_datasets` turns specs into
 :class:`DatasetInfo` objects (the sorted list of shard files with their formats, sizes, row
-counts and modification times). Resolution does no I/O beyond listing files and counting rows;
+counts and modification times). A path may also be an object-store URL (``s3://bucket/prefix/``,
+one object, or a glob; see :mod:`.storage.location`). Resolution does no I/O beyond listing
+files (HEADing objects for their ETags) and counting rows;
 counting goes through the :class:`~zephon_server.engine.shards.ShardCache`, so the JSONL line
 index built for counting is the one reading uses later (for the same file identity).
 """
@@ -18,8 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ConfigError, DataError
-from .identity import local_identity
+from .identity import local_identity, object_identity
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
+from .storage import StorageOptions, configure_bucket, is_url
+from .storage.shard_io import identity_of
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +48,10 @@ class DatasetSpec:
     resolve against the ``base_dir`` given to :func:`resolve_datasets`. ``format`` overrides
     the format inferred from each file's extension (use a glob to select files whose names do
     not carry a supported extension). ``max_document_bytes`` bounds one document (a JSONL line,
-    a Parquet value); a larger one is a data error under ``on_error``.
+    a Parquet value); a larger one is a data error under ``on_error``. ``path`` may also be an
+    object-store URL (``s3://bucket/prefix/``, one object, or a glob); ``storage_options`` (a
+    mapping, made a :class:`~.storage.StorageOptions`) say how to reach it. They are about
+    access, not data: the fingerprint leaves them out and ``repr`` masks the secrets.
     """
 
     name: str
@@ -55,6 +62,7 @@ class DatasetSpec:
     exhaustion: str = "stop"
     format: str | None = None
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+    storage_options: StorageOptions | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -101,11 +109,23 @@ class DatasetSpec:
                 f"{who}: max_document_bytes must be an integer >= 1, got {limit!r} (the largest "
                 f"document in bytes; default {DEFAULT_MAX_DOCUMENT_BYTES})"
             )
+        if self.storage_options is not None:
+            try:
+                options = StorageOptions.from_mapping(self.storage_options)
+            except ConfigError as exc:
+                raise ConfigError(f"{who}: {exc}") from None
+            if not is_url(self.path):
+                raise ConfigError(
+                    f"{who}: storage_options apply to object-store paths (s3://...), but path "
+                    f"is {self.path!r} (remove storage_options)"
+                )
+            object.__setattr__(self, "storage_options", options)
 
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard file: absolute path, format, size in bytes, rows and modification time.
+    """One shard file: absolute path (or URL), format, size in bytes, rows and modification
+    time (and an object's ETag and version).
 
     :attr:`identity` is what says the file is still the one whose rows were counted and
     indexed: the fingerprint covers it and every read compares it with the open file.
@@ -116,10 +136,15 @@ class ShardInfo:
     size_bytes: int
     num_rows: int
     mtime_ns: int
+    etag: str | None = None
+    version: str | None = None
 
     @property
     def identity(self) -> str:
-        """Size and modification time as one comparable string (see :mod:`.identity`)."""
+        """Size and modification time (local), or size, ETag and version (object store), as
+        one comparable string (see :mod:`.identity`)."""
+        if self.etag is not None:
+            return object_identity(self.size_bytes, self.etag, self.version)
         return local_identity(self.size_bytes, self.mtime_ns)
 
 
@@ -175,7 +200,10 @@ def resolve_datasets(
                 "unique name)"
             )
         seen.add(spec.name)
-        shards = tuple(_shard_info(path, fmt, cache) for path, fmt in _list_shards(spec, base))
+        if is_url(spec.path):
+            shards = tuple(_object_shards(spec, cache))
+        else:
+            shards = tuple(_shard_info(path, fmt, cache) for path, fmt in _list_shards(spec, base))
         info = DatasetInfo(spec=spec, index=index, shards=shards)
         if info.num_rows == 0:
             raise ConfigError(
@@ -204,6 +232,38 @@ def _shard_info(path: str, fmt: str, cache: ShardCache) -> ShardInfo:
         raise DataError(f"cannot read shard {path}: {exc}") from exc
     rows = cache.num_rows(path, fmt, local_identity(st.st_size, st.st_mtime_ns))
     return ShardInfo(path, fmt, st.st_size, rows, st.st_mtime_ns)
+
+
+def _object_shards(spec: DatasetSpec, cache: ShardCache) -> list[ShardInfo]:
+    """The shards of an object-store dataset, each counted as the version just listed."""
+    from .storage.listing import list_object_shards
+
+    who = f"dataset {spec.name!r}"
+    listed = list_object_shards(
+        who,
+        spec.path,
+        spec.storage_options or StorageOptions(),
+        spec.format,
+        infer_format,
+        supported_extensions(),
+    )
+    shards = []
+    for url, fmt, info in listed:
+        rows = cache.num_rows(url, fmt, identity_of(info))
+        shards.append(ShardInfo(url, fmt, info.size, rows, info.mtime_ns, info.etag, info.version))
+    return shards
+
+
+def register_storage(datasets: Sequence[DatasetInfo]) -> None:
+    """Make this process read every object-store dataset's bucket with its options (worker
+    processes call it with the datasets they were handed)."""
+    for info in datasets:
+        if is_url(info.spec.path):
+            configure_bucket(
+                info.spec.path,
+                info.spec.storage_options or StorageOptions(),
+                f"dataset {info.name!r}",
+            )
 
 
 def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import BinaryIO
+from typing import Protocol
 
 import zstandard
 
@@ -39,6 +39,16 @@ _OUT = 1 << 20  # target decompressed bytes per decoder call (bounds transient m
 _MIN_FEED = 1 << 10
 _TRUST = 1024  # a header's size is trusted up to this many times the compressed size
 FIX = "re-create or re-download the shard, or remove it from the dataset"
+
+
+class _Source(Protocol):
+    """What decoding reads from: a file, or a buffer in memory (:class:`_MemoryFile`)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def tell(self) -> int: ...
 
 
 class IncompleteShardError(DataError):
@@ -91,14 +101,50 @@ def decompress_shard(path: str, fmt: str) -> bytes | bytearray:
     ``OSError`` when it cannot be read.
     """
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size == 0:
-            raise IncompleteShardError(path, fmt, "truncated: the file is empty (0 bytes)")
-        if fmt == GZIP:
-            return _gunzip(fh, path, size)
-        if fmt == ZSTD:
-            return _unzstd(fh, path, size)
+        return _decompress(fh, path, fmt, os.fstat(fh.fileno()).st_size)
+
+
+def decompress_bytes(
+    data: bytes | bytearray | memoryview, name: str, fmt: str
+) -> bytes | bytearray:
+    """The complete decompressed content of a gzip or zstd shard held in memory (an
+    object-store shard downloaded whole); errors as :func:`decompress_shard`'s, naming
+    ``name`` (its URL)."""
+    view = memoryview(data).cast("B")
+    return _decompress(_MemoryFile(view), name, fmt, len(view))
+
+
+def _decompress(fh: _Source, path: str, fmt: str, size: int) -> bytes | bytearray:
+    if size == 0:
+        raise IncompleteShardError(path, fmt, "truncated: the file is empty (0 bytes)")
+    if fmt == GZIP:
+        return _gunzip(fh, path, size)
+    if fmt == ZSTD:
+        return _unzstd(fh, path, size)
     raise ValueError(f"decompress_shard: format must be {GZIP!r} or {ZSTD!r}, got {fmt!r}")
+
+
+class _MemoryFile:
+    """The ``read`` / ``seek`` / ``tell`` of a file over a buffer, without copying it whole
+    (``io.BytesIO`` would)."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._view) if n < 0 else min(len(self._view), self._pos + n)
+        out = self._view[self._pos : end].tobytes()
+        self._pos = max(self._pos, end)
+        return out
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
 
 
 def _expected(declared: int, compressed: int) -> int:
@@ -108,7 +154,7 @@ def _expected(declared: int, compressed: int) -> int:
 # ---------------------------------------------------------------------------------- gzip
 
 
-def _gunzip(fh: BinaryIO, path: str, size: int) -> bytes | bytearray:
+def _gunzip(fh: _Source, path: str, size: int) -> bytes | bytearray:
     fh.seek(max(size - 4, 0))
     isize = int.from_bytes(fh.read(4), "little") if size >= 18 else 0
     fh.seek(0)
@@ -188,7 +234,7 @@ def _is_frame_start(head: bytes) -> bool:
     return _ZSTD_MAGIC.startswith(head[:4]) or skippable
 
 
-def _unzstd(fh: BinaryIO, path: str, size: int) -> bytes | bytearray:
+def _unzstd(fh: _Source, path: str, size: int) -> bytes | bytearray:
     sink = _Sink(_expected(_declared(fh.read(18)), size))
     fh.seek(0)
     frames = _ZstdFrames(path, sink)

@@ -4,9 +4,12 @@ A local shard's identity is its size and its modification time in nanoseconds, a
 (``"size=1234 mtime_ns=1767225600123456789"``). Identities are compared as strings and
 nothing else: the pipeline fingerprint covers them, the shard manifest records them, and every
 read of a plain JSONL shard (and every load of a compressed or Parquet shard into the cache)
-compares the open file's identity with the one its rows were indexed under. Object storage
-will identify a shard by its ETag or version in the same ``key=value`` form, so everything that
-compares or explains identities works unchanged.
+compares the open file's identity with the one its rows were indexed under.
+
+An object-store shard's identity is its size and ETag, plus its version where the bucket keeps
+versions (``"size=1234 etag=9b2cf535f27731c974343645a3985328 version=3HL4kqtJlcpXroDTDmJ"``):
+the ETag changes whenever the object is written again with other content, the version on
+every write. Its modification time is not part of it (S3 keeps whole seconds only).
 
 An in-place rewrite by any normal tool changes the modification time, even when it keeps the
 size. What an identity cannot see: a rewrite that also sets the old time back (``touch -r``), or
@@ -24,6 +27,17 @@ _NS = 1_000_000_000
 def local_identity(size: int, mtime_ns: int) -> str:
     """The identity of a local file of ``size`` bytes last modified at ``mtime_ns``."""
     return f"size={size} mtime_ns={mtime_ns}"
+
+
+def object_identity(size: int, etag: str, version: str | None = None) -> str:
+    """The identity of an object of ``size`` bytes with ``etag`` (and ``version``)."""
+    text = f"size={size} etag={_token(etag)}"
+    return f"{text} version={_token(version)}" if version else text
+
+
+def _token(value: str) -> str:
+    """``value`` without quotes or whitespace (identities split on whitespace)."""
+    return "".join(value.strip().strip('"').split()) or "-"
 
 
 def stat_identity(st: os.stat_result) -> str:
@@ -52,7 +66,8 @@ def describe_change(old: str, new: str) -> str:
     """What differs between two identities, for messages.
 
     ``"modified time 2026-01-01T00:00:00.000000000Z -> 2026-01-02T...Z, size 100 bytes
-    unchanged"``; a changed size reads ``size 100 -> 120 bytes``.
+    unchanged"``; a changed size reads ``size 100 -> 120 bytes``; an object store's
+    ``"ETag 9b2c... -> 77f1..., size 100 bytes unchanged"``.
     """
     a, b = identity_parts(old), identity_parts(new)
     changed: list[str] = []
@@ -74,11 +89,11 @@ def only_time_changed(old: str, new: str) -> bool:
 
 
 def _key_order(key: str) -> tuple[int, str]:
-    return ({"mtime_ns": 0, "size": 1}.get(key, 2), key)
+    return ({"mtime_ns": 0, "etag": 0, "version": 1, "size": 2}.get(key, 3), key)
 
 
 def _label(key: str) -> str:
-    return {"mtime_ns": "modified time", "size": "size"}.get(key, key)
+    return {"mtime_ns": "modified time", "size": "size", "etag": "ETag"}.get(key, key)
 
 
 def _unit(key: str) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .identity import describe_change, only_time_changed
+from .storage.location import is_url
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,9 @@ class DatasetShards:
     shards: tuple[ShardEntry, ...]
 
     def path(self, entry: ShardEntry) -> str:
-        """The shard's absolute path."""
+        """The shard's absolute path (or URL)."""
+        if is_url(self.root):
+            return f"{self.root}/{entry.key}"
         return os.path.join(self.root, entry.key)
 
     @classmethod
@@ -63,11 +66,33 @@ class DatasetShards:
         """From (absolute path, identity, rows) per shard; keys are relative to the common
         directory, so a corpus copied or moved elsewhere still matches shard by shard."""
         paths = [p for p, _, _ in paths_identities_rows]
+        if paths and is_url(paths[0]):
+            return cls._of_urls(paths_identities_rows)
         root = os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else ""
         return cls(
             root,
             tuple(
                 ShardEntry(os.path.relpath(p, root), ident, rows)
+                for p, ident, rows in paths_identities_rows
+            ),
+        )
+
+    @classmethod
+    def _of_urls(cls, paths_identities_rows: Sequence[tuple[str, str, int]]) -> DatasetShards:
+        """:meth:`of` for object-store URLs (``scheme://`` kept; keys below the common
+        prefix of the objects' "directories")."""
+        dirs = [p.rsplit("/", 1)[0].split("/") for p, _, _ in paths_identities_rows]
+        common = dirs[0]
+        for parts in dirs[1:]:
+            n = 0
+            while n < min(len(common), len(parts)) and common[n] == parts[n]:
+                n += 1
+            common = common[:n]
+        root = "/".join(common)
+        return cls(
+            root,
+            tuple(
+                ShardEntry(p[len(root) + 1 :], ident, rows)
                 for p, ident, rows in paths_identities_rows
             ),
         )

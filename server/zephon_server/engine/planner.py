@@ -85,6 +85,8 @@ class Plan:
                 f"shards={len(d.shards)} rows={d.num_rows} on_error={d.spec.on_error} "
                 f"exhaustion={d.spec.exhaustion}"
             )
+            if d.spec.storage_options is not None:  # secrets masked
+                lines.append(f"    storage_options: {d.spec.storage_options.public()}")
         for stage in self.stages:
             lines.append(f"stage {stage.index} [{stage.runner}]")
             for step in stage.steps:

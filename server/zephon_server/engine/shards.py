@@ -25,6 +25,11 @@ the :class:`~.datasets.ShardInfo`, and a compressed shard, a Parquet footer or r
 loaded only between two ``stat`` calls that find the identity it is wanted under. A file that
 changed raises :class:`~.errors.ShardChanged`; no row is ever read through the index of
 another version of the file.
+
+A shard path may also be an object-store URL (``s3://bucket/key``): the same caches and
+checks apply, and the reads go through :mod:`.storage.shard_io` (ranged GETs; plain JSONL rows
+through block-aligned reads cached in the same LRU; the identity is the object's size and
+ETag, checked by a HEAD before and after every load).
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .decompression import decompress_shard
+from .decompression import decompress_bytes, decompress_shard
 from .errors import DataError, ShardChanged
 from .identity import describe_change, stat_identity
+from .storage import is_url, shard_io
 
 if TYPE_CHECKING:
     from .datasets import ShardInfo
@@ -138,6 +144,23 @@ def _finish_starts(pieces: list[np.ndarray], size: int, last: int) -> np.ndarray
 def _decompress(path: str, fmt: str) -> bytes | bytearray:
     """The whole, verified content of a gzip or zstd shard (see :mod:`.decompression`)."""
     return decompress_shard(path, fmt)
+
+
+def _decompress_version(path: str, fmt: str, identity: str) -> bytes | bytearray:
+    """:func:`_decompress` of a local file, or of an object downloaded whole."""
+    if is_url(path):
+        return decompress_bytes(shard_io.read_all(path, identity), path, fmt)
+    return _decompress(path, fmt)
+
+
+def _index_version(path: str, identity: str) -> np.ndarray:
+    """:func:`index_lines` of a local file or of an object (streamed in ranged GETs)."""
+    return shard_io.index_lines(path, identity) if is_url(path) else index_lines(path)
+
+
+def _parquet_source(path: str, identity: str) -> Any:
+    """What ``pq.ParquetFile`` opens: the path, or a file object over the object."""
+    return shard_io.parquet_file(path, identity) if is_url(path) else path
 
 
 def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
@@ -316,7 +339,7 @@ class ShardCache:
                 entry = self._line_index.get(path)
             if entry is not None and entry[0] == identity:
                 return entry[1]
-            starts = _checked_load(path, identity, lambda: index_lines(path))
+            starts = _checked_load(path, identity, lambda: _index_version(path, identity))
             with self._lock:
                 self._line_index[path] = (identity, starts)
                 self.index_builds += 1
@@ -341,6 +364,19 @@ class ShardCache:
         order = order.tolist()
         lo_l = lo.tolist()
         hi_l = hi.tolist()
+        if is_url(path):
+            spans = [(lo_l[i], hi_l[i]) for i in order]
+            rows = shard_io.read_spans(
+                path,
+                shard.identity,
+                spans,
+                self._lru_get,
+                self._lru_put,
+                lambda load: _checked_load(path, shard.identity, load),
+            )
+            for i, row in zip(order, rows):
+                out[i] = row
+            return out
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
@@ -419,7 +455,7 @@ class ShardCache:
         key = (path, fmt, identity)
 
         def load() -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
-            data = _checked_load(path, identity, lambda: _decompress(path, fmt))
+            data = _checked_load(path, identity, lambda: _decompress_version(path, fmt, identity))
             starts = line_starts(data)
             with self._lock:
                 self.misses += 1
@@ -444,7 +480,7 @@ class ShardCache:
 
         def open_file() -> Any:
             try:
-                return pq.ParquetFile(path)
+                return pq.ParquetFile(_parquet_source(path, identity))
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(f"cannot read Parquet shard {path}: {exc}") from exc
 
@@ -487,7 +523,7 @@ class ShardCache:
 
         def read() -> Any:
             try:
-                pf = pq.ParquetFile(path, metadata=md)
+                pf = pq.ParquetFile(_parquet_source(path, identity), metadata=md)
                 return pf.read_row_group(rg, columns=[text_field]).column(0)
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(
@@ -524,6 +560,8 @@ def _value_sizes(column: Any, values: list[Any]) -> np.ndarray:
 
 def _identity_now(path: str) -> str:
     """The identity of ``path`` as it is now (:class:`DataError` when it cannot be stat'ed)."""
+    if is_url(path):
+        return shard_io.identity_now(path)
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -553,6 +591,12 @@ def _checked_load(path: str, identity: str, load: Callable[[], _T]) -> _T:
         value = load()
     except OSError as exc:
         raise DataError(f"cannot read shard {path}: {exc}") from exc
+    except DataError as exc:
+        if is_url(path) and not isinstance(exc, ShardChanged):  # a failed read: rewritten?
+            now = _identity_now(path)
+            if now != identity:
+                raise _changed(path, identity, now) from exc
+        raise
     after = _identity_now(path)
     if after != before:
         raise ShardChanged(

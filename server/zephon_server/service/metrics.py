@@ -21,6 +21,7 @@ from ..allocator import current_name
 from ..engine.hub import LaneHub
 from ..engine.records import SampleBatch
 from ..engine.replay_cache import ReplayCache
+from ..engine.storage.metrics import StorageStats, histogram, storage_stats
 
 
 class ServiceMetrics:
@@ -76,6 +77,7 @@ class ServiceMetrics:
         if hub is not None:
             registry.register(EngineCollector(hub))
         registry.register(ReplayCacheCollector(hub.replay_cache if hub is not None else None))
+        registry.register(StorageCollector())
 
     def sent(
         self, message: bytes, batches: Sequence[SampleBatch], *, in_ring: bool = False
@@ -275,6 +277,49 @@ class ReplayCacheCollector(Collector):
         yield budget
         yield evicted
         yield skipped
+
+
+class StorageCollector(Collector):
+    """Object-store requests of this process and of its worker processes (their counts come
+    back with each task's result), read at scrape time (:mod:`..engine.storage.metrics`)."""
+
+    def __init__(self, stats: StorageStats | None = None) -> None:
+        self.stats = stats if stats is not None else storage_stats()
+
+    def collect(self) -> Iterator[Any]:
+        counts = self.stats.snapshot()
+        requests = CounterMetricFamily(
+            "zephon_storage_requests",
+            "Object-store request attempts by operation (head, list, get, put, delete) and "
+            "outcome (ok, not_found, throttled, server_error, network, denied, error)",
+            labels=["operation", "outcome"],
+        )
+        for (operation, outcome), n in sorted(counts.requests.items()):
+            requests.add_metric([operation, outcome], n)
+        yield requests
+        read = CounterMetricFamily(
+            "zephon_storage_read_bytes", "Bytes read from object stores (successful GETs)"
+        )
+        read.add_metric([], counts.read_bytes)
+        yield read
+        retries = CounterMetricFamily(
+            "zephon_storage_retries",
+            "Object-store requests retried after a throttled, failed or reset attempt",
+            labels=["operation"],
+        )
+        for operation, n in sorted(counts.retries.items()):
+            retries.add_metric([operation], n)
+        yield retries
+        latency = HistogramMetricFamily(
+            "zephon_storage_request_seconds",
+            "Object-store request latency per attempt, by operation",
+            labels=["operation"],
+        )
+        for operation in sorted(counts.latency_buckets):
+            latency.add_metric(
+                [operation], histogram(counts, operation), counts.latency_sum.get(operation, 0.0)
+            )
+        yield latency
 
 
 def _flow_metrics(stats: dict[str, Any]) -> Iterator[Any]:

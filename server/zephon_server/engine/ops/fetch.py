@@ -14,6 +14,7 @@ import logging
 from collections import defaultdict
 from typing import Any
 
+from ..datasets import register_storage
 from ..errors import DataError, ShardChanged
 from ..records import SampleRecord
 from ..shards import Oversized
@@ -35,6 +36,7 @@ class Fetch(Operator):
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
         self._datasets = ctx.datasets
+        register_storage(ctx.datasets)  # object-store buckets' options, in this process too
         self._cache = ctx.shard_cache
 
     def process_many(self, elems: list[Any]) -> list[Any]:

@@ -26,6 +26,7 @@ from typing import Any
 from ... import gc_policy
 from .. import shm, shm_owner
 from ..errors import WorkerError
+from ..storage.metrics import storage_stats
 from . import lifeline
 from .base import PooledRunner
 from .steps import Step, Task
@@ -59,11 +60,14 @@ def _initargs(steps: list[Step], contexts: list[list[Any]], owner: str | None) -
     return (steps, contexts, lifeline.lifeline(), os.getpid(), owner)
 
 
-def _run_task(step_index: int, elems: list[Any]) -> tuple[list[Any], float]:
+def _run_task(step_index: int, elems: list[Any]) -> tuple[list[Any], float, Any]:
+    """Run a task in a worker; returns its results, its time and the object-store requests
+    the worker counted since its last task (added to the owning process's counters)."""
     step = _WORKER_STEPS[step_index]
     started = time.perf_counter()
     result = step.run(elems)
-    return shm.export_results(result), time.perf_counter() - started
+    exported = shm.export_results(result)
+    return exported, time.perf_counter() - started, storage_stats().take_delta()
 
 
 class ProcessesRunner(PooledRunner):
@@ -119,8 +123,9 @@ class ProcessesRunner(PooledRunner):
         def relay(f: Future[Any]) -> None:
             exc = f.exception()
             if exc is None:
-                result, seconds = f.result()
+                result, seconds, storage = f.result()
                 step.timing.observe(seconds)
+                storage_stats().merge(storage)
                 shm.register_results(result)
                 outer.set_result(result)
             elif isinstance(exc, BrokenProcessPool):
