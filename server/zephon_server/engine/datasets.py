@@ -4,7 +4,9 @@ A :class:`DatasetSpec` is what users configure; :func:`resolve_datasets` turns s
 :class:`DatasetInfo` objects (the sorted list of shard files with their formats, sizes, row
 counts and modification times). Resolution does no I/O beyond listing files and counting rows;
 counting goes through the :class:`~zephon_server.engine.shards.ShardCache`, so the JSONL line
-index built for counting is the one reading uses later (for the same file identity).
+index built for counting is the one reading uses later (for the same file identity). With a
+persisted shard index, a dataset whose listing (every shard's path, identity and format) is
+unchanged is counted from one catalog file, reading no shard at all (:mod:`.index_catalog`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError, DataError
 from .identity import local_identity
+from .index_catalog import count_shards
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 
 logger = logging.getLogger(__name__)
@@ -175,7 +178,8 @@ def resolve_datasets(
                 "unique name)"
             )
         seen.add(spec.name)
-        shards = tuple(_shard_info(path, fmt, cache) for path, fmt in _list_shards(spec, base))
+        writes = cache.index.writes
+        shards, from_catalog = _counted_shards(list_shards(spec, base), cache)
         info = DatasetInfo(spec=spec, index=index, shards=shards)
         if info.num_rows == 0:
             raise ConfigError(
@@ -183,31 +187,51 @@ def resolve_datasets(
                 "hold no rows (add data or remove the dataset)"
             )
         logger.info(
-            "dataset %r: %d shards, %d rows, %d bytes",
+            "dataset %r: %d shards, %d rows, %d bytes (%s)",
             spec.name,
             len(shards),
             info.num_rows,
             info.size_bytes,
+            "row counts from the index catalog"
+            if from_catalog
+            else f"{cache.index.writes - writes} shards indexed now",
         )
         infos.append(info)
     return infos
 
 
-def _shard_info(path: str, fmt: str, cache: ShardCache) -> ShardInfo:
-    """The shard with its identity now and the row count of exactly that file version.
+def stat_shard(path: str) -> os.stat_result:
+    """``os.stat`` of a shard file (:class:`DataError` naming it when that fails)."""
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        raise DataError(f"cannot read shard {path}: {exc}") from exc
+
+
+def _counted_shards(
+    listing: list[tuple[str, str]], cache: ShardCache
+) -> tuple[tuple[ShardInfo, ...], bool]:
+    """The shards with their identities now and the row counts of exactly those file
+    versions, and whether the counts came from the index catalog.
 
     The cache counts under the identity (a changed file is counted again, a file changing
     while it is counted raises :class:`~.errors.ShardChanged`)."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise DataError(f"cannot read shard {path}: {exc}") from exc
-    rows = cache.num_rows(path, fmt, local_identity(st.st_size, st.st_mtime_ns))
-    return ShardInfo(path, fmt, st.st_size, rows, st.st_mtime_ns)
+    stats = [stat_shard(path) for path, _ in listing]
+    keys = [
+        (path, local_identity(st.st_size, st.st_mtime_ns), fmt)
+        for (path, fmt), st in zip(listing, stats)
+    ]
+    rows, from_catalog = count_shards(cache, keys)
+    shards = tuple(
+        ShardInfo(path, fmt, st.st_size, n, st.st_mtime_ns)
+        for (path, fmt), st, n in zip(listing, stats, rows)
+    )
+    return shards, from_catalog
 
 
-def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
-    """(absolute path, format) of every shard of ``spec``, sorted by path."""
+def list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
+    """(absolute path, format) of every shard of ``spec``, sorted by path (``base``: the
+    directory relative paths resolve against)."""
     who = f"dataset {spec.name!r}"
     raw = os.path.expanduser(spec.path)
     full = os.path.abspath(raw if os.path.isabs(raw) else os.path.join(base, raw))
