@@ -487,3 +487,49 @@ def test_progress_bar_lines_on_a_terminal_and_in_a_log() -> None:
             lines = text.splitlines()
             assert lines[0] == "index: 0/3 shards, 0.0/3.0 MB, 0 B/s, ETA ?"
             assert lines[-1].startswith("index: 3/3 shards, 3.0/3.0 MB, ") and len(lines) == 2
+
+
+def test_index_dir_blobs_round_trip_and_old_temporary_files_are_swept(tmp_path: Path) -> None:
+    for store in (IndexDir(None), IndexDir(str(tmp_path / "idx"))):
+        assert store.get("a/b.zsi") is None and store.open_mapped("a/b.zsi") is None
+        store.put_atomic("a/b.zsi", b"payload")
+        assert store.get("a/b.zsi") == b"payload"
+        mapped = store.open_mapped("a/b.zsi")
+        assert mapped is not None and bytes(mapped) == b"payload"
+    assert IndexDir(None).where("x") == "<memory>/x" and not IndexDir(None).persistent
+    old, new = tmp_path / "idx" / "a" / ".b.zsi.1.x.tmp", tmp_path / "idx" / "a" / ".c.zsi.2.y.tmp"
+    for p in (old, new):
+        p.write_bytes(b"left by a killed writer")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert IndexDir(str(tmp_path / "idx")).sweep_temporary() == 1
+    assert not old.exists() and new.exists() and (tmp_path / "idx" / "a" / "b.zsi").exists()
+
+
+def test_operators_in_worker_processes_get_the_plans_index_dir(tmp_path: Path) -> None:
+    root = write_shards(tmp_path / "data", "jsonl")
+    pipe = Pipeline([DatasetSpec("web", str(root), 1.0)], lanes=2)
+    pipe.tokenize(tokenizer="byte").batch(microbatch_size=2)
+    plan = pipe.plan(ExecutionConfig(runner="inline", index_dir=str(tmp_path / "idx")))
+    ctx = pickle.loads(pickle.dumps(plan.context(plan.ops[0], 0)))  # what a worker receives
+    assert ctx.index.root == str(tmp_path / "idx")
+    cache = ctx.shard_cache  # in this process: the very cache planning counted with
+    assert cache.index.store.root == str(tmp_path / "idx")
+    worker = pickle.loads(pickle.dumps(cache))  # in a worker process: a fresh one, same dir
+    assert worker.read_rows(plan.datasets[0].shards[0], [0], "t") == [ROWS[0].encode()]
+    assert worker.stats()["index_builds"] == 0  # read through the entry planning wrote
+    assert worker.stats()["index_reads"] == 1
+
+
+def test_a_lost_entry_of_a_cached_compressed_shard_is_rebuilt_from_the_content(
+    tmp_path: Path,
+) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl.zst", ROWS)
+    st = path.stat()
+    info = ShardInfo(str(path), "jsonl.zst", st.st_size, len(ROWS), st.st_mtime_ns)
+    cache = ShardCache()
+    assert cache.read_rows(info, [3], "t") == [ROWS[3].encode()]
+    cache._entries.clear()  # the entry is gone (a deleted index) while the content is cached
+    cache.index.store.forget_memory()
+    cache._counts.clear()
+    assert cache.num_rows(str(path), "jsonl.zst", info.identity) == len(ROWS)
+    assert cache.stats()["decompressions"] == 1 and cache.stats()["index_writes"] == 2

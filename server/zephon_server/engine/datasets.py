@@ -179,7 +179,7 @@ def resolve_datasets(
             )
         seen.add(spec.name)
         writes = cache.index.writes
-        shards, from_catalog = _counted_shards(list_shards(spec, base), cache)
+        shards, from_catalog = _counted_shards(_list_shards(spec, base), cache)
         info = DatasetInfo(spec=spec, index=index, shards=shards)
         if info.num_rows == 0:
             raise ConfigError(
@@ -208,6 +208,19 @@ def stat_shard(path: str) -> os.stat_result:
         raise DataError(f"cannot read shard {path}: {exc}") from exc
 
 
+def shard_keys(
+    listing: list[tuple[str, str]],
+) -> tuple[list[os.stat_result], list[tuple[str, str, str]]]:
+    """Stat every shard of a listing of (path, format): the stats, and the (location,
+    identity, format) keys under which the shard index and its catalogs know them."""
+    stats = [stat_shard(path) for path, _ in listing]
+    keys = [
+        (path, local_identity(st.st_size, st.st_mtime_ns), fmt)
+        for (path, fmt), st in zip(listing, stats)
+    ]
+    return stats, keys
+
+
 def _counted_shards(
     listing: list[tuple[str, str]], cache: ShardCache
 ) -> tuple[tuple[ShardInfo, ...], bool]:
@@ -216,11 +229,7 @@ def _counted_shards(
 
     The cache counts under the identity (a changed file is counted again, a file changing
     while it is counted raises :class:`~.errors.ShardChanged`)."""
-    stats = [stat_shard(path) for path, _ in listing]
-    keys = [
-        (path, local_identity(st.st_size, st.st_mtime_ns), fmt)
-        for (path, fmt), st in zip(listing, stats)
-    ]
+    stats, keys = shard_keys(listing)
     rows, from_catalog = count_shards(cache, keys)
     shards = tuple(
         ShardInfo(path, fmt, st.st_size, n, st.st_mtime_ns)
@@ -231,7 +240,12 @@ def _counted_shards(
 
 def list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
     """(absolute path, format) of every shard of ``spec``, sorted by path (``base``: the
-    directory relative paths resolve against)."""
+    directory relative paths resolve against), as start-up lists them."""
+    return _list_shards(spec, base)
+
+
+def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
+    """(absolute path, format) of every shard of ``spec``, sorted by path."""
     who = f"dataset {spec.name!r}"
     raw = os.path.expanduser(spec.path)
     full = os.path.abspath(raw if os.path.isabs(raw) else os.path.join(base, raw))

@@ -22,9 +22,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from .datasets import DatasetSpec, list_shards, stat_shard
+from .datasets import DatasetSpec, list_shards, shard_keys
 from .errors import ConfigError
-from .identity import stat_identity
 from .index_catalog import save_catalog
 from .shards import ShardCache
 
@@ -63,11 +62,13 @@ def list_jobs(specs: Sequence[DatasetSpec], base_dir: str) -> list[list[ShardJob
     base = os.path.abspath(base_dir)
     out: list[list[ShardJob]] = []
     for spec in specs:
-        jobs = []
-        for path, fmt in list_shards(spec, base):
-            st = stat_shard(path)
-            jobs.append(ShardJob(spec.name, path, fmt, st.st_size, stat_identity(st)))
-        out.append(jobs)
+        stats, keys = shard_keys(list_shards(spec, base))
+        out.append(
+            [
+                ShardJob(spec.name, path, fmt, st.st_size, identity)
+                for (path, identity, fmt), st in zip(keys, stats)
+            ]
+        )
     return out
 
 

@@ -515,17 +515,11 @@ class ShardCache:
     def _compressed_entry(self, path: str, fmt: str, identity: str) -> IndexEntry:
         """Decompress (verified) and index a compressed shard; the content stays in the LRU."""
         saved: list[IndexEntry] = []
-        self._compressed(path, fmt, identity, saved)
+        _, starts = self._compressed(path, fmt, identity, saved)
         entry = saved[0] if saved else self.index.load(path, fmt, identity)
-        if entry is None:  # content cached, its entry since deleted or damaged: once more
-            with self._lock:
-                old = self._lru.pop((path, fmt, identity), None)
-                self.bytes_cached -= old[1] if old is not None else 0
-            self._compressed(path, fmt, identity, saved)
-            entry = saved[0] if saved else self.index.load(path, fmt, identity)
-        if entry is None:
-            raise DataError(f"shard {path}: its index entry could not be kept; retry")
-        return entry
+        # Content cached but its entry since deleted or damaged: from the content (no frame
+        # table, so the shard is read whole).
+        return entry or self.index.save(path, fmt, identity, len(starts) - 1, {"starts": starts})
 
     def _read_frames(
         self, shard: ShardInfo, idx: np.ndarray, limit: int | None
@@ -542,7 +536,12 @@ class ShardCache:
         starts = entry.arrays["starts"]
         _check_rows(shard.path, idx, len(starts) - 1)
 
+        got: dict[int, bytes] = {}  # this call's frames: one LRU lookup each
+
         def frame(k: int) -> bytes:
+            if k in got:
+                return got[k]
+
             def load() -> tuple[bytes, int]:
                 path = shard.path
                 content = _checked_load(path, shard.identity, lambda: read_frame(path, frames, k))
@@ -551,7 +550,8 @@ class ShardCache:
                     self.frame_reads += 1
                 return content, len(content)
 
-            return self._cached((*key, "frame", k), load)  # type: ignore[no-any-return]
+            got[k] = self._cached((*key, "frame", k), load)
+            return got[k]
 
         rows = frame_rows(starts, frames, idx, frame, limit)
         return [Oversized(v) if isinstance(v, int) else v for v in rows]
