@@ -1,13 +1,34 @@
-"""Shared fixtures: a small real corpus (JSONL, JSONL.zst, Parquet) made per session."""
+"""Shared fixtures: a small real corpus (JSONL, JSONL.zst, Parquet) made per session.
+
+The test suite never writes to the real ``~/.cache``: ``XDG_CACHE_HOME`` points at a temporary
+directory for the whole session, so the default shard index directory of every ``zephon``
+command the tests run (in-process or as a subprocess, which inherits the environment) is
+``<tmp>/zephon/index``.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from zephon_server.engine.corpus import write_sample_corpus
 from zephon_server.engine.pipeline import Pipeline
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory) -> Iterator[Path]:
+    """``XDG_CACHE_HOME`` for the session: a temporary directory (see the module docstring)."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    home = tmp_path_factory.mktemp("xdg-cache")
+    os.environ["XDG_CACHE_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from typing import Any
 from zephon_server.cli import build_parser
 from zephon_server.engine.config import TOP_LEVEL_KEYS
 from zephon_server.engine.datasets import EXHAUSTION_POLICIES, ON_ERROR_POLICIES, DatasetSpec
-from zephon_server.engine.execution import RUNNERS, ExecutionConfig
+from zephon_server.engine.execution import RUNNERS, TOP_LEVEL_FIELDS, ExecutionConfig
 from zephon_server.engine.ops import OPERATORS
 from zephon_server.engine.ops.base import EXECUTION_PARAMS, PLACEMENTS
 from zephon_server.engine.ops.mixture import MIXTURE_UNITS
@@ -54,6 +54,10 @@ TOP_LEVEL = {
     "datasets": "The datasets (see below); a non-empty list.",
     "pipeline": "The operator chain (see below); a non-empty list ending with `batch`.",
     "execution": "How the pipeline runs (see below). Never changes the data.",
+    "index_dir": "Where the shard index (every shard's row count and row offsets) is kept "
+    "between runs, relative to the config file; `none` keeps it in memory only. The "
+    "`--index-dir` flag wins; unset: `<state-dir>/index` with `serve --state-dir`, else "
+    "`$XDG_CACHE_HOME/zephon/index` (`~/.cache/zephon/index`). Never changes the data.",
 }
 
 DATASET = {
@@ -229,6 +233,8 @@ def top_level_section() -> list[str]:
             default = _default(sig[key])
         elif key in ("datasets", "pipeline"):
             default = REQUIRED
+        elif key in TOP_LEVEL_FIELDS:
+            default = "unset"
         else:
             default = "`{}` (all defaults)"
         out.append(f"| `{key}` | {default} | {_cell(_need(TOP_LEVEL, key, 'top-level key'))} |")
@@ -287,6 +293,8 @@ def execution_section() -> list[str]:
         "|---|---|---|---|---|",
     ]
     for f in dataclasses.fields(ExecutionConfig):
+        if f.name in TOP_LEVEL_FIELDS:
+            continue  # a top-level key (see above)
         values = ", ".join(f"`{v}`" for v in RUNNERS) if f.name == "runner" else ""
         meaning = _cell(_need(EXECUTION, f.name, "execution key"))
         kind = _cell(f"`{f.type}`")

@@ -73,8 +73,34 @@ def load_pipeline(args: argparse.Namespace) -> tuple[Pipeline, ExecutionConfig]:
         from .defaults import default_pipeline
 
         pipeline, execution = default_pipeline(), ExecutionConfig()
-    overrides = {"runner": getattr(args, "runner", None), "workers": getattr(args, "workers", None)}
+    overrides = {
+        "runner": getattr(args, "runner", None),
+        "workers": getattr(args, "workers", None),
+        "index_dir": index_dir_from_args(args, execution.index_dir, os.environ),
+    }
     return pipeline, execution.with_overrides(**overrides)
+
+
+def index_dir_from_args(
+    args: argparse.Namespace, configured: str | None, environ: Mapping[str, str]
+) -> str:
+    """Where the shard index lives: ``--index-dir`` (wins), else the config's ``index_dir``,
+    else ``<state-dir>/index`` when there is a ``--state-dir``, else the per-user cache
+    directory (``$XDG_CACHE_HOME/zephon/index``, ``~/.cache/zephon/index``). ``none`` keeps
+    it in memory only."""
+    from .engine.index_dir import user_index_dir
+
+    flag = getattr(args, "index_dir", None)
+    if flag is not None:
+        if not flag:
+            raise ZephonError("--index-dir: give a directory, or 'none' to keep it in memory")
+        return str(flag)
+    if configured is not None:
+        return configured
+    state_dir = getattr(args, "state_dir", None)
+    if state_dir:
+        return os.path.join(state_dir, "index")
+    return user_index_dir(environ)
 
 
 def _import_path(spec: str) -> str:
@@ -287,6 +313,19 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def index_dir_arg(p: argparse.ArgumentParser) -> None:
+    """``--index-dir`` for a command that resolves datasets."""
+    p.add_argument(
+        "--index-dir",
+        default=None,
+        metavar="DIR",
+        help="where the shard index (row counts and offsets of every shard) is kept between "
+        "runs; 'none' keeps it in memory only (default: the config's index_dir, else "
+        "<state-dir>/index with --state-dir, else $XDG_CACHE_HOME/zephon/index or "
+        "~/.cache/zephon/index)",
+    )
+
+
 def checkpoint_key_arg(p: argparse.ArgumentParser, what: str) -> None:
     """``--checkpoint-key-file`` for a command that reads or writes checkpoint files."""
     p.add_argument(
@@ -310,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--pipeline", help="Python pipeline, file.py:function or module:function")
         p.add_argument("--runner", choices=RUNNERS, help="override execution.runner")
         p.add_argument("--workers", type=int, help="override execution.workers")
+        index_dir_arg(p)
 
     p = sub.add_parser("explain", help="print the compiled plan")
     pipeline_args(p)
@@ -331,6 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("index", help="build the shard index of every dataset ahead of time")
+    from .index_command import add_index_arguments, cmd_index
+
+    add_index_arguments(p)
+    p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("tail", help="print batches of a lane from a running server")
     p.add_argument("--address", required=True, help="server address host:port")

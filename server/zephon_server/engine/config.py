@@ -15,8 +15,9 @@ Binding keys::
       - tokenize: {tokenizer: byte}        # or a path to tokenizer.json
       - batch: {microbatch_size: 8}
     execution: {runner: threads, workers: 4, deterministic: true}
+    index_dir: /var/cache/zephon/index   # optional; 'none' keeps the shard index in memory
 
-Relative dataset and tokenizer paths resolve against the config file's directory.
+Relative dataset, tokenizer and index paths resolve against the config file's directory.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ TOP_LEVEL_KEYS = (
     "datasets",
     "pipeline",
     "execution",
+    "index_dir",
 )
 DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetSpec))
 
@@ -111,7 +113,23 @@ def parse_config(
     execution_data = data.get("execution") or {}
     if not isinstance(execution_data, dict):
         raise ConfigError(f"execution: expected a mapping, got {type(execution_data).__name__}")
-    return pipeline, ExecutionConfig.from_mapping(execution_data)
+    execution = ExecutionConfig.from_mapping(execution_data)
+    index_dir = _index_dir(data.get("index_dir"), base_dir)
+    return pipeline, dataclasses.replace(execution, index_dir=index_dir)
+
+
+def _index_dir(value: Any, base_dir: str) -> str | None:
+    """The ``index_dir`` key: a directory (relative to the config file) or ``none``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(
+            f"index_dir: must be a directory path or 'none' (keep the shard index in memory "
+            f"only), got {value!r}"
+        )
+    if value == "none":
+        return value
+    return os.path.join(base_dir, os.path.expanduser(value))
 
 
 def _list(data: dict[str, Any], key: str) -> list[Any]:

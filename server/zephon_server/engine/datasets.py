@@ -6,7 +6,9 @@ counts and modification times). A path may also be an object-store URL (``s3://b
 one object, or a glob; see :mod:`.storage.location`). Resolution does no I/O beyond listing
 files (HEADing objects for their ETags) and counting rows;
 counting goes through the :class:`~zephon_server.engine.shards.ShardCache`, so the JSONL line
-index built for counting is the one reading uses later (for the same file identity).
+index built for counting is the one reading uses later (for the same file identity). With a
+persisted shard index, a dataset whose listing (every shard's path, identity and format) is
+unchanged is counted from one catalog file, reading no shard at all (:mod:`.index_catalog`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError, DataError
 from .identity import local_identity, object_identity
+from .index_catalog import count_shards
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 from .storage import StorageOptions, configure_bucket, is_url
 from .storage.shard_io import identity_of
+
+if TYPE_CHECKING:
+    from .storage.store import ObjectInfo
 
 logger = logging.getLogger(__name__)
 
@@ -200,10 +207,11 @@ def resolve_datasets(
                 "unique name)"
             )
         seen.add(spec.name)
+        writes = cache.index.writes
         if is_url(spec.path):
-            shards = tuple(_object_shards(spec, cache))
+            shards, from_catalog = _object_shards(spec, cache)
         else:
-            shards = tuple(_shard_info(path, fmt, cache) for path, fmt in _list_shards(spec, base))
+            shards, from_catalog = _counted_shards(_list_shards(spec, base), cache)
         info = DatasetInfo(spec=spec, index=index, shards=shards)
         if info.num_rows == 0:
             raise ConfigError(
@@ -211,47 +219,93 @@ def resolve_datasets(
                 "hold no rows (add data or remove the dataset)"
             )
         logger.info(
-            "dataset %r: %d shards, %d rows, %d bytes",
+            "dataset %r: %d shards, %d rows, %d bytes (%s)",
             spec.name,
             len(shards),
             info.num_rows,
             info.size_bytes,
+            "row counts from the index catalog"
+            if from_catalog
+            else f"{cache.index.writes - writes} shards indexed now",
         )
         infos.append(info)
     return infos
 
 
-def _shard_info(path: str, fmt: str, cache: ShardCache) -> ShardInfo:
-    """The shard with its identity now and the row count of exactly that file version.
+def stat_shard(path: str) -> os.stat_result:
+    """``os.stat`` of a shard file (:class:`DataError` naming it when that fails)."""
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        raise DataError(f"cannot read shard {path}: {exc}") from exc
+
+
+def shard_keys(
+    listing: list[tuple[str, str]],
+) -> tuple[list[os.stat_result], list[tuple[str, str, str]]]:
+    """Stat every shard of a listing of (path, format): the stats, and the (location,
+    identity, format) keys under which the shard index and its catalogs know them."""
+    stats = [stat_shard(path) for path, _ in listing]
+    keys = [
+        (path, local_identity(st.st_size, st.st_mtime_ns), fmt)
+        for (path, fmt), st in zip(listing, stats)
+    ]
+    return stats, keys
+
+
+def _counted_shards(
+    listing: list[tuple[str, str]], cache: ShardCache
+) -> tuple[tuple[ShardInfo, ...], bool]:
+    """The shards with their identities now and the row counts of exactly those file
+    versions, and whether the counts came from the index catalog.
 
     The cache counts under the identity (a changed file is counted again, a file changing
     while it is counted raises :class:`~.errors.ShardChanged`)."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise DataError(f"cannot read shard {path}: {exc}") from exc
-    rows = cache.num_rows(path, fmt, local_identity(st.st_size, st.st_mtime_ns))
-    return ShardInfo(path, fmt, st.st_size, rows, st.st_mtime_ns)
+    stats, keys = shard_keys(listing)
+    rows, from_catalog = count_shards(cache, keys)
+    shards = tuple(
+        ShardInfo(path, fmt, st.st_size, n, st.st_mtime_ns)
+        for (path, fmt), st, n in zip(listing, stats, rows)
+    )
+    return shards, from_catalog
 
 
-def _object_shards(spec: DatasetSpec, cache: ShardCache) -> list[ShardInfo]:
-    """The shards of an object-store dataset, each counted as the version just listed."""
+def list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
+    """(absolute path, format) of every shard of ``spec``, sorted by path (``base``: the
+    directory relative paths resolve against), as start-up lists them."""
+    return _list_shards(spec, base)
+
+
+def list_objects(spec: DatasetSpec) -> list[tuple[str, str, ObjectInfo]]:
+    """(URL, format, object info) of every shard of an object-store dataset, sorted by key."""
     from .storage.listing import list_object_shards
 
-    who = f"dataset {spec.name!r}"
-    listed = list_object_shards(
-        who,
+    return list_object_shards(
+        f"dataset {spec.name!r}",
         spec.path,
         spec.storage_options or StorageOptions(),
         spec.format,
         infer_format,
         supported_extensions(),
     )
-    shards = []
-    for url, fmt, info in listed:
-        rows = cache.num_rows(url, fmt, identity_of(info))
-        shards.append(ShardInfo(url, fmt, info.size, rows, info.mtime_ns, info.etag, info.version))
-    return shards
+
+
+def object_keys(listed: list[tuple[str, str, ObjectInfo]]) -> list[tuple[str, str, str]]:
+    """The (location, identity, format) index keys of listed objects."""
+    return [(url, identity_of(info), fmt) for url, fmt, info in listed]
+
+
+def _object_shards(spec: DatasetSpec, cache: ShardCache) -> tuple[tuple[ShardInfo, ...], bool]:
+    """The shards of an object-store dataset, each counted as the version just listed
+    (through the index catalog and entries, like local shards), and whether the counts came
+    from the catalog."""
+    listed = list_objects(spec)
+    rows, from_catalog = count_shards(cache, object_keys(listed))
+    shards = tuple(
+        ShardInfo(url, fmt, info.size, n, info.mtime_ns, info.etag, info.version)
+        for (url, fmt, info), n in zip(listed, rows)
+    )
+    return shards, from_catalog
 
 
 def register_storage(datasets: Sequence[DatasetInfo]) -> None:

@@ -94,33 +94,41 @@ class _Sink:
         return b"".join([self.buf, *self.parts])
 
 
-def decompress_shard(path: str, fmt: str) -> bytes | bytearray:
+#: One zstd frame that produced content: (compressed offset, compressed length,
+#: decompressed offset, decompressed length).
+Frame = tuple[int, int, int, int]
+
+
+def decompress_shard(path: str, fmt: str, frames: list[Frame] | None = None) -> bytes | bytearray:
     """The complete decompressed content of a gzip or zstd shard (all frames/members).
 
-    Raises :class:`IncompleteShardError` when the file does not decompress completely and
-    ``OSError`` when it cannot be read.
+    ``frames``: for zstd, a list that receives every frame that produced content (see
+    :data:`Frame`), for the shard index. Raises :class:`IncompleteShardError` when the file
+    does not decompress completely and ``OSError`` when it cannot be read.
     """
     with open(path, "rb") as fh:
-        return _decompress(fh, path, fmt, os.fstat(fh.fileno()).st_size)
+        return _decompress(fh, path, fmt, os.fstat(fh.fileno()).st_size, frames)
 
 
 def decompress_bytes(
-    data: bytes | bytearray | memoryview, name: str, fmt: str
+    data: bytes | bytearray | memoryview, name: str, fmt: str, frames: list[Frame] | None = None
 ) -> bytes | bytearray:
     """The complete decompressed content of a gzip or zstd shard held in memory (an
     object-store shard downloaded whole); errors as :func:`decompress_shard`'s, naming
     ``name`` (its URL)."""
     view = memoryview(data).cast("B")
-    return _decompress(_MemoryFile(view), name, fmt, len(view))
+    return _decompress(_MemoryFile(view), name, fmt, len(view), frames)
 
 
-def _decompress(fh: _Source, path: str, fmt: str, size: int) -> bytes | bytearray:
+def _decompress(
+    fh: _Source, path: str, fmt: str, size: int, frames: list[Frame] | None
+) -> bytes | bytearray:
     if size == 0:
         raise IncompleteShardError(path, fmt, "truncated: the file is empty (0 bytes)")
     if fmt == GZIP:
         return _gunzip(fh, path, size)
     if fmt == ZSTD:
-        return _unzstd(fh, path, size)
+        return _unzstd(fh, path, size, frames)
     raise ValueError(f"decompress_shard: format must be {GZIP!r} or {ZSTD!r}, got {fmt!r}")
 
 
@@ -234,10 +242,10 @@ def _is_frame_start(head: bytes) -> bool:
     return _ZSTD_MAGIC.startswith(head[:4]) or skippable
 
 
-def _unzstd(fh: _Source, path: str, size: int) -> bytes | bytearray:
+def _unzstd(fh: _Source, path: str, size: int, table: list[Frame] | None) -> bytes | bytearray:
     sink = _Sink(_expected(_declared(fh.read(18)), size))
     fh.seek(0)
-    frames = _ZstdFrames(path, sink)
+    frames = _ZstdFrames(path, sink, table)
     offset = 0
     while data := fh.read(_READ):
         frames.feed(data, offset)
@@ -252,9 +260,10 @@ class _ZstdFrames:
     Input goes to the decoder in pieces sized from the compression ratio seen so far, so one
     call yields about ``_OUT`` bytes (the decoder has no output limit of its own)."""
 
-    def __init__(self, path: str, sink: _Sink) -> None:
+    def __init__(self, path: str, sink: _Sink, table: list[Frame] | None = None) -> None:
         self.path = path
         self.sink = sink
+        self.table = table  # receives each frame that produced content
         self.dctx = zstandard.ZstdDecompressor()
         self.dec: zstandard.ZstdDecompressionObj | None = None
         self.frame = 0  # number of the current (or last) frame, 1-based
@@ -278,6 +287,8 @@ class _ZstdFrames:
                 data = rest + data
             used = len(piece) - len(rest)
             offset += used
+            if self.dec is None and self.table is not None and self.got:  # a frame ended
+                self.table.append((self.start, offset - self.start, self.out - self.got, self.got))
             self.fed += used
             if self.out:
                 self.feed_size = min(max(_OUT * self.fed // self.out, _MIN_FEED), _READ)

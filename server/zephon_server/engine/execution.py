@@ -8,6 +8,8 @@ from typing import Any
 from .errors import ConfigError
 
 RUNNERS = ("inline", "threads", "processes", "ray")
+#: Fields set by a top-level YAML key rather than under ``execution:``.
+TOP_LEVEL_FIELDS = ("index_dir",)
 
 
 @dataclass(frozen=True)
@@ -17,7 +19,9 @@ class ExecutionConfig:
     ``deterministic=False`` forwards results in completion order and allows latency flushes:
     every record is still delivered exactly once, but the order may vary between runs.
     ``ray_address`` is the Ray cluster of the Ray runner (``$ZEPHON_RAY_ADDRESS`` wins; unset:
-    a private local Ray; see :mod:`.runners.ray`).
+    a private local Ray; see :mod:`.runners.ray`). ``index_dir`` is where the shard index is
+    persisted (:mod:`.index_dir`); None or ``"none"`` keeps it in memory only. It is the YAML
+    top-level key ``index_dir``, not a key of ``execution:``.
     """
 
     runner: str = "threads"
@@ -26,6 +30,7 @@ class ExecutionConfig:
     fuse: bool = True
     queue_depth: int = 4
     ray_address: str | None = None
+    index_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -43,6 +48,13 @@ class ExecutionConfig:
                 "execution.ray_address: must be a Ray address such as 'auto', "
                 f"'ray://head:10001' or 'local', got {self.ray_address!r}"
             )
+        if self.index_dir is not None and (
+            not isinstance(self.index_dir, str) or not self.index_dir
+        ):
+            raise ConfigError(
+                "index_dir: must be a directory path or 'none' (keep the shard index in "
+                f"memory only), got {self.index_dir!r}"
+            )
         for name in ("deterministic", "fuse"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
@@ -53,8 +65,14 @@ class ExecutionConfig:
     def from_mapping(cls, data: dict[str, Any] | None) -> ExecutionConfig:
         """Build from a config mapping, rejecting unknown keys by name."""
         data = dict(data or {})
-        allowed = {f.name for f in fields(cls)}
+        allowed = {f.name for f in fields(cls)} - set(TOP_LEVEL_FIELDS)
         unknown = sorted(set(data) - allowed)
+        for name in TOP_LEVEL_FIELDS:
+            if name in data:
+                raise ConfigError(
+                    f"execution: {name} is a top-level key; put '{name}: ...' beside "
+                    "'execution:', not inside it"
+                )
         if unknown:
             raise ConfigError(
                 f"execution: unknown key {unknown[0]!r}; allowed keys: {sorted(allowed)}"

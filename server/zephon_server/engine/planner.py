@@ -22,10 +22,12 @@ from typing import Any
 from .datasets import DatasetInfo, resolve_datasets
 from .errors import ConfigError
 from .execution import ExecutionConfig
+from .index_dir import IndexDir, open_index_dir
 from .ops import Batch, DecodeText, Fetch, OpContext, Operator, Tokenize
 from .ops.replay import ReplayFilter
 from .pipeline import Pipeline, fingerprint, fingerprint_components
 from .runners.steps import Step
+from .shards import cache_for
 
 
 @dataclass
@@ -49,6 +51,8 @@ class Plan:
     pad_id: int = 0
     fingerprint: str = ""
     components: dict[str, str] = field(default_factory=dict)
+    #: Where the shard index lives (None: in memory only); handed to every operator.
+    index: IndexDir | None = None
 
     def context(
         self, op: Operator, index: int, worker_id: int = 0, extras: dict[str, Any] | None = None
@@ -65,6 +69,7 @@ class Plan:
             pad_id=self.pad_id,
             worker_id=worker_id,
             extras=dict(extras or {}),
+            index=self.index,
         )
 
     def explain(self) -> str:
@@ -87,6 +92,9 @@ class Plan:
             )
             if d.spec.storage_options is not None:  # secrets masked
                 lines.append(f"    storage_options: {d.spec.storage_options.public()}")
+        lines.append(
+            f"shard index: {self.index.describe() if self.index else 'memory (no index dir)'}"
+        )
         for stage in self.stages:
             lines.append(f"stage {stage.index} [{stage.runner}]")
             for step in stage.steps:
@@ -123,7 +131,10 @@ def _check_chain(ops: list[Operator]) -> list[Operator]:
 def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     """Resolve datasets, check the chain, group into stages and steps."""
     ops = _check_chain(list(pipeline.ops))
-    datasets = resolve_datasets(pipeline.datasets, base_dir=pipeline.base_dir)
+    index = open_index_dir(execution.index_dir)
+    datasets = resolve_datasets(
+        pipeline.datasets, base_dir=pipeline.base_dir, cache=cache_for(index)
+    )
     tokenizers = [op for op in ops if isinstance(op, Tokenize)]
     pad_id = tokenizers[-1].tokenizer.pad_id if tokenizers else 0
     plan = Plan(
@@ -134,6 +145,7 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
         pad_id=pad_id,
         fingerprint=fingerprint(pipeline, datasets),
         components=fingerprint_components(pipeline, datasets),
+        index=index,
     )
 
     # Group into stages by placement, then into steps by fusability.

@@ -4,14 +4,22 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
 
 * plain JSONL: a *line index* (``int64`` start offsets, 8 bytes per row) built in one pass the
   first time the shard is counted or read; rows are then read with ``pread`` at their offsets
-  and the file is never rescanned. Line indexes are kept for the life of the cache.
+  and the file is never rescanned.
 * ``.jsonl.gz`` / ``.jsonl.zst``: the whole shard is decompressed once and kept, with its line
   index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted). A shard
   that does not decompress completely (truncated, trailing garbage, corrupt) is a
   :class:`~.decompression.IncompleteShardError` when it is first counted, whatever the
-  dataset's ``on_error``: its row count cannot be known.
+  dataset's ``on_error``: its row count cannot be known. A zstd shard of several frames whose
+  index entry is known is read frame by frame instead (:mod:`.zstd_frames`).
 * Parquet: row counts come from the footer; rows are read by row group, only the requested
   text column, and decoded row-group columns share the same LRU budget.
+
+What counting builds (row counts, line starts, zstd frame tables, Parquet row-group bounds) is
+an *index entry* of the cache's :class:`~.shard_index.ShardIndex`, persisted in the index
+directory when there is one: a later start, or another process, counts the shard from its
+entry without reading the shard. Line indexes are opened (memory-mapped) when a shard is
+read and kept in an LRU of ``max_open_indexes`` shards, so memory does not grow with the
+number of rows of the corpus.
 
 A JSONL row is every ``\\n``-terminated line (blank lines included) plus a final unterminated
 non-empty line; it is returned as raw ``bytes`` without the newline, decoding happens later.
@@ -46,10 +54,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .decompression import decompress_bytes, decompress_shard
+from .decompression import Frame, decompress_bytes, decompress_shard
 from .errors import DataError, ShardChanged
 from .identity import describe_change, stat_identity
+from .index_dir import IndexDir
+from .open_indexes import OpenIndexes
+from .shard_index import IndexEntry, ShardIndex
 from .storage import is_url, shard_io
+from .zstd_frames import frame_rows, read_frame
 
 if TYPE_CHECKING:
     from .datasets import ShardInfo
@@ -69,6 +81,8 @@ EXTENSIONS: dict[str, str] = {
     ".parquet": PARQUET,
 }
 DEFAULT_MAX_BYTES = 1 << 30
+#: Line indexes (and other index entries) kept open at once, per cache.
+DEFAULT_MAX_OPEN_INDEXES = 64
 
 _BLOCK = 1 << 24  # bytes scanned per step while indexing
 _COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
@@ -141,16 +155,18 @@ def _finish_starts(pieces: list[np.ndarray], size: int, last: int) -> np.ndarray
     return np.concatenate(pieces)
 
 
-def _decompress(path: str, fmt: str) -> bytes | bytearray:
+def _decompress(path: str, fmt: str, frames: list[Frame] | None = None) -> bytes | bytearray:
     """The whole, verified content of a gzip or zstd shard (see :mod:`.decompression`)."""
-    return decompress_shard(path, fmt)
+    return decompress_shard(path, fmt, frames)
 
 
-def _decompress_version(path: str, fmt: str, identity: str) -> bytes | bytearray:
+def _decompress_version(
+    path: str, fmt: str, identity: str, frames: list[Frame] | None = None
+) -> bytes | bytearray:
     """:func:`_decompress` of a local file, or of an object downloaded whole."""
     if is_url(path):
-        return decompress_bytes(shard_io.read_all(path, identity), path, fmt)
-    return _decompress(path, fmt)
+        return decompress_bytes(shard_io.read_all(path, identity), path, fmt, frames)
+    return _decompress(path, fmt, frames)
 
 
 def _index_version(path: str, identity: str) -> np.ndarray:
@@ -172,33 +188,52 @@ def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
 class ShardCache:
     """Thread-safe, per-process reader of shard rows with bounded caches.
 
-    ``max_bytes`` bounds decompressed JSONL shards and decoded Parquet row groups (LRU).
-    Counters ``hits``, ``misses``, ``evictions``, ``index_builds``, ``decompressions``,
+    ``max_bytes`` bounds decompressed JSONL shards, zstd frames and decoded Parquet row groups
+    (LRU). ``index`` holds the shards' index entries (default: in memory only);
+    ``max_open_indexes`` bounds the entries kept open. Counters ``hits``, ``misses``,
+    ``evictions``, ``index_builds``, ``decompressions``, ``frame_reads``, ``footer_reads``,
     ``row_group_reads`` and ``bytes_cached`` are plain attributes for metrics. Pickling a cache
-    yields an empty cache with the same budget, so operators holding one can cross processes.
+    yields an empty cache with the same budget and index directory, so operators holding one
+    can cross processes.
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        index: ShardIndex | None = None,
+        max_open_indexes: int = DEFAULT_MAX_OPEN_INDEXES,
+    ) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"ShardCache max_bytes must be an int >= 0, got {max_bytes!r}")
+        n = max_open_indexes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"ShardCache max_open_indexes must be an int >= 0, got {n!r}")
         self.max_bytes = max_bytes
+        self.max_open_indexes = max_open_indexes
+        self.index = index if index is not None else ShardIndex(IndexDir(None))
         self.bytes_cached = 0
         self.hits = 0
         self.misses = 0
         self.evictions = 0
         self.index_builds = 0
         self.decompressions = 0
+        self.frame_reads = 0
+        self.footer_reads = 0
         self.row_group_reads = 0
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         self._lru: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._line_index: dict[str, tuple[str, np.ndarray]] = {}  # path -> (identity, starts)
+        # Entry locks are taken before (never while holding) an LRU stripe.
+        self._entries = OpenIndexes(self.index, max_open_indexes, self._build_entry)
         self._counts: dict[tuple[str, str, str], int] = {}  # (path, format, identity) -> rows
         self._parquet: dict[str, tuple[str, tuple[Any, np.ndarray, Any]]] = {}
         self._too_big_warned: set[Hashable] = set()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (self.__class__, (self.max_bytes,))
+        return (
+            self.__class__,
+            (self.max_bytes, ShardIndex(self.index.store), self.max_open_indexes),
+        )
 
     # ------------------------------------------------------------------ public API
 
@@ -215,17 +250,35 @@ class ShardCache:
             count = self._counts.get(key)
         if count is not None:
             return count
-        if fmt == JSONL:
-            count = len(self._plain_index(shard_path, identity)) - 1
-        elif fmt in (JSONL_GZ, JSONL_ZST):
-            count = len(self._compressed(shard_path, fmt, identity)[1]) - 1
-        elif fmt == PARQUET:
-            count = int(self._parquet_meta(shard_path, identity)[1][-1])
-        else:
+        if fmt not in FORMATS:
             raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
-        with self._lock:
-            self._counts[key] = count
+        count = self._entries.get(key).rows
+        self.remember_rows(shard_path, fmt, identity, count)
         return count
+
+    def ensure_entry(self, shard_path: str, fmt: str, identity: str) -> tuple[int, bool]:
+        """The row count of a shard version from its index entry, and whether the entry had
+        to be built (and saved) now. Keeps nothing of the shard: for building the index
+        ahead of time (``zephon index``)."""
+        entry = self.index.load(shard_path, fmt, identity)
+        if entry is not None:
+            return entry.rows, False
+        if fmt in (JSONL_GZ, JSONL_ZST):
+            saved: list[IndexEntry] = []
+            self._decompress_and_index((shard_path, fmt, identity), saved)
+            return saved[0].rows, True
+        if fmt not in FORMATS:
+            raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
+        rows = self._build_entry(shard_path, fmt, identity).rows
+        with self._lock:
+            self._parquet.pop(shard_path, None)
+        return rows, True
+
+    def remember_rows(self, shard_path: str, fmt: str, identity: str, rows: int) -> None:
+        """Record the row count of version ``identity`` of a shard, known from the index
+        (a dataset catalog), so :meth:`num_rows` answers without opening anything."""
+        with self._lock:
+            self._counts[(shard_path, fmt, identity)] = rows
 
     def read_rows(
         self,
@@ -247,6 +300,9 @@ class ShardCache:
         if shard.format == JSONL:
             return self._read_plain(shard, idx, max_document_bytes)
         if shard.format in (JSONL_GZ, JSONL_ZST):
+            framed = self._read_frames(shard, idx, max_document_bytes)
+            if framed is not None:
+                return framed
             data, starts = self._compressed(shard.path, shard.format, shard.identity)
             _check_rows(shard.path, idx, len(starts) - 1)
             lo = starts[idx].tolist()
@@ -274,25 +330,35 @@ class ShardCache:
                 "evictions": self.evictions,
                 "index_builds": self.index_builds,
                 "decompressions": self.decompressions,
+                "frame_reads": self.frame_reads,
+                "footer_reads": self.footer_reads,
                 "row_group_reads": self.row_group_reads,
                 "bytes_cached": self.bytes_cached,
                 "entries": len(self._lru),
-                "line_indexes": len(self._line_index),
+                "line_indexes": len(self._entries),
+                **self.index.stats(),
             }
 
     def clear(self) -> None:
-        """Drop every cached index, shard and row group (counters are kept)."""
+        """Drop every cached index, shard and row group (counters are kept; the files of an
+        index directory stay)."""
         with self._lock:
             self._lru.clear()
-            self._line_index.clear()
             self._counts.clear()
             self._parquet.clear()
             self.bytes_cached = 0
+        self._entries.clear()
+        self.index.store.forget_memory()
 
     # ------------------------------------------------------------------ LRU
 
     def _stripe(self, key: Hashable) -> threading.Lock:
         return self._stripes[hash(key) % _LOCK_STRIPES]
+
+    def _lru_peek(self, key: Hashable) -> bool:
+        """Whether ``key`` is in the LRU (its recency unchanged)."""
+        with self._lock:
+            return key in self._lru
 
     def _lru_get(self, key: Hashable) -> Any:
         with self._lock:
@@ -326,26 +392,27 @@ class ShardCache:
             self._lru[key] = (value, nbytes)
             self.bytes_cached += nbytes
 
+    # ------------------------------------------------------------------ index entries
+
+    def _build_entry(self, path: str, fmt: str, identity: str) -> IndexEntry:
+        """Index the shard itself (a verified full pass) and save the entry."""
+        if fmt == JSONL:
+            starts = _checked_load(path, identity, lambda: _index_version(path, identity))
+            with self._lock:
+                self.index_builds += 1
+                self.misses += 1
+            logger.debug("indexed %s: %d rows", path, len(starts) - 1)
+            return self.index.save(path, fmt, identity, len(starts) - 1, {"starts": starts})
+        if fmt == PARQUET:
+            bounds = self._parquet_meta(path, identity)[1]
+            return self.index.save(path, fmt, identity, int(bounds[-1]), {"row_groups": bounds})
+        return self._compressed_entry(path, fmt, identity)
+
     # ------------------------------------------------------------------ JSONL
 
     def _plain_index(self, path: str, identity: str) -> np.ndarray:
         """The line index of version ``identity`` of ``path`` (built once per version)."""
-        with self._lock:
-            entry = self._line_index.get(path)
-        if entry is not None and entry[0] == identity:
-            return entry[1]
-        with self._stripe(path):
-            with self._lock:
-                entry = self._line_index.get(path)
-            if entry is not None and entry[0] == identity:
-                return entry[1]
-            starts = _checked_load(path, identity, lambda: _index_version(path, identity))
-            with self._lock:
-                self._line_index[path] = (identity, starts)
-                self.index_builds += 1
-                self.misses += 1
-            logger.debug("indexed %s: %d rows", path, len(starts) - 1)
-            return starts
+        return self._entries.get((path, JSONL, identity)).arrays["starts"]
 
     def _read_plain(self, shard: ShardInfo, idx: np.ndarray, limit: int | None) -> list[Row]:
         path = shard.path
@@ -450,22 +517,84 @@ class ShardCache:
             return value
 
     def _compressed(
-        self, path: str, fmt: str, identity: str
+        self, path: str, fmt: str, identity: str, saved: list[IndexEntry] | None = None
     ) -> tuple[bytes | bytearray, np.ndarray]:
+        """The whole content of a compressed shard and its line starts (LRU). Decompressing
+        it also saves its index entry when the index has none (appended to ``saved``)."""
         key = (path, fmt, identity)
+        value = self._cached(key, lambda: self._decompress_and_index(key, saved))
+        return value  # type: ignore[no-any-return]
 
-        def load() -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
-            data = _checked_load(path, identity, lambda: _decompress_version(path, fmt, identity))
-            starts = line_starts(data)
-            with self._lock:
-                self.misses += 1
-                self.decompressions += 1
-                self.index_builds += 1
-                self._counts[key] = len(starts) - 1
-            logger.debug("decompressed %s: %d bytes, %d rows", path, len(data), len(starts) - 1)
-            return (data, starts), len(data) + starts.nbytes
+    def _decompress_and_index(
+        self, key: tuple[str, str, str], saved: list[IndexEntry] | None
+    ) -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
+        """Decompress (verified) a compressed shard: ((content, line starts), nbytes); saves
+        its index entry (with the zstd frame table) when the index has none."""
+        path, fmt, identity = key
+        frames: list[Frame] = []
+        data = _checked_load(
+            path, identity, lambda: _decompress_version(path, fmt, identity, frames)
+        )
+        starts = line_starts(data)
+        with self._lock:
+            self.misses += 1
+            self.decompressions += 1
+            self.index_builds += 1
+            self._counts[key] = len(starts) - 1
+        logger.debug("decompressed %s: %d bytes, %d rows", path, len(data), len(starts) - 1)
+        entry = self._entries.peek(key)
+        if entry is None:
+            arrays = {"starts": starts}
+            if fmt == JSONL_ZST:
+                arrays["frames"] = np.array(frames, dtype=np.int64).reshape(-1, 4)
+            entry = self.index.save(path, fmt, identity, len(starts) - 1, arrays)
+        if saved is not None:
+            saved.append(entry)
+        return (data, starts), len(data) + starts.nbytes
 
-        return self._cached(key, load)  # type: ignore[no-any-return]
+    def _compressed_entry(self, path: str, fmt: str, identity: str) -> IndexEntry:
+        """Decompress (verified) and index a compressed shard; the content stays in the LRU."""
+        saved: list[IndexEntry] = []
+        _, starts = self._compressed(path, fmt, identity, saved)
+        entry = saved[0] if saved else self.index.load(path, fmt, identity)
+        # Content cached but its entry since deleted or damaged: from the content (no frame
+        # table, so the shard is read whole).
+        return entry or self.index.save(path, fmt, identity, len(starts) - 1, {"starts": starts})
+
+    def _read_frames(
+        self, shard: ShardInfo, idx: np.ndarray, limit: int | None
+    ) -> list[Row] | None:
+        """Rows of a multi-frame zstd shard, read frame by frame; None to read it whole (it
+        is decompressed in the LRU already, has one frame, or is not indexed yet)."""
+        key = (shard.path, shard.format, shard.identity)
+        if shard.format != JSONL_ZST or is_url(shard.path) or self._lru_peek(key):
+            return None  # an object is downloaded whole (one verified pass, few requests)
+        entry = self._entries.peek(key)
+        frames = entry.arrays.get("frames") if entry is not None else None
+        if entry is None or frames is None or len(frames) < 2:
+            return None
+        starts = entry.arrays["starts"]
+        _check_rows(shard.path, idx, len(starts) - 1)
+
+        got: dict[int, bytes] = {}  # this call's frames: one LRU lookup each
+
+        def frame(k: int) -> bytes:
+            if k in got:
+                return got[k]
+
+            def load() -> tuple[bytes, int]:
+                path = shard.path
+                content = _checked_load(path, shard.identity, lambda: read_frame(path, frames, k))
+                with self._lock:
+                    self.misses += 1
+                    self.frame_reads += 1
+                return content, len(content)
+
+            got[k] = self._cached((*key, "frame", k), load)
+            return got[k]
+
+        rows = frame_rows(starts, frames, idx, frame, limit)
+        return [Oversized(v) if isinstance(v, int) else v for v in rows]
 
     # ------------------------------------------------------------------ Parquet
 
@@ -485,6 +614,8 @@ class ShardCache:
                 raise DataError(f"cannot read Parquet shard {path}: {exc}") from exc
 
         pf = _checked_load(path, identity, open_file)
+        with self._lock:
+            self.footer_reads += 1
         md = pf.metadata
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -643,12 +774,27 @@ def _check_field(path: str, schema: Any, text_field: str) -> None:
 
 _default_cache: ShardCache | None = None
 _default_lock = threading.Lock()
+_dir_caches: dict[str | None, ShardCache] = {}
 
 
 def default_cache() -> ShardCache:
-    """The process-wide shared :class:`ShardCache` (created on first use)."""
+    """The process-wide shared :class:`ShardCache` (created on first use; its index lives in
+    memory only)."""
     global _default_cache
     with _default_lock:
         if _default_cache is None:
             _default_cache = ShardCache()
         return _default_cache
+
+
+def cache_for(store: IndexDir | None) -> ShardCache:
+    """The process-wide shared :class:`ShardCache` whose index lives in ``store`` (one per
+    index directory; :func:`default_cache` for None), so planning and every operator of a
+    process share counts, open indexes and cached shards."""
+    if store is None:
+        return default_cache()
+    with _default_lock:
+        cache = _dir_caches.get(store.root)
+        if cache is None:
+            cache = _dir_caches[store.root] = ShardCache(index=ShardIndex(store))
+        return cache

@@ -54,17 +54,20 @@ class OpContext:
     pad_id: int = 0
     worker_id: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
+    #: The plan's :class:`~..index_dir.IndexDir` (None: the shard index is in memory only).
+    index: Any = None
 
     @property
     def shard_cache(self) -> Any:
-        """The process-wide shard cache (created on first use, so contexts pickle cheaply)."""
-        return _process_shard_cache()
+        """The process-wide shard cache of the plan's index directory (created on first use,
+        so contexts pickle cheaply)."""
+        return _process_shard_cache(self.index)
 
 
-def _process_shard_cache() -> Any:
-    from ..shards import default_cache
+def _process_shard_cache(index: Any) -> Any:
+    from ..shards import cache_for
 
-    return default_cache()
+    return cache_for(index)
 
 
 class Operator:

@@ -1,0 +1,234 @@
+"""The index directory: where persisted shard-index entries and dataset catalogs live.
+
+Every read and write of the index goes through one :class:`IndexDir` (``get``,
+``put_atomic``, ``open_mapped``), so backing the index with something other than a local
+directory (an object-store prefix) means changing this one class.
+
+* A local directory: entries are files under it, named by the caller (``entries/ab/....zsi``);
+  ``put_atomic`` writes a temporary file next to the target, fsyncs it and renames it over the
+  target, so a reader sees the old file, the new one or none, never a torn one, and two
+  writers of the same name (same content) never corrupt it. A kill leaves at most a
+  ``.*.tmp`` file behind, which :meth:`IndexDir.sweep_temporary` removes once it is old.
+* Memory only (``root`` None, ``--index-dir none``): entries live in this process's memory,
+  as every index did before the index directory existed.
+* A directory that cannot be written (permissions, a read-only mount, a full disk) is a
+  warning, never a crash: entries already in it are still read, new ones are kept in memory.
+
+The index is a cache of what the shards say: nothing in it is ever trusted without its
+checksum and key (:mod:`.shard_index`), and losing it only costs the time to rebuild.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: The ``--index-dir`` / ``index_dir`` value that keeps indexes in memory only.
+NONE = "none"
+#: A temporary file older than this is a writer's leftover (killed mid-write).
+STALE_TMP_SECONDS = 3600.0
+
+Buffer = memoryview | mmap.mmap
+
+
+def user_index_dir(environ: Mapping[str, str]) -> str:
+    """The per-user default index directory: ``$XDG_CACHE_HOME/zephon/index``, else
+    ``~/.cache/zephon/index`` (``environ`` is passed in: the library reads no environment)."""
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".cache"
+    )
+    return os.path.join(base, "zephon", "index")
+
+
+class IndexDir:
+    """Reads and writes named blobs of the shard index: a local directory, or memory only.
+
+    ``root`` None keeps everything in memory. ``writable=False`` (a directory that could not
+    be written) still reads the directory but keeps new blobs in memory. Pickling keeps the
+    root and the writability (a worker process reads the same directory), not the memory.
+    """
+
+    def __init__(self, root: str | None, *, writable: bool = True) -> None:
+        self.root = os.path.abspath(root) if root is not None else None
+        self.writable = writable and root is not None
+        self._memory: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.root,), {"writable": self.writable})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.writable = bool(state["writable"]) and self.root is not None
+
+    @property
+    def persistent(self) -> bool:
+        """Whether blobs written now outlive the process."""
+        return self.writable
+
+    def describe(self) -> str:
+        """The directory, or what stands in for it, for log lines."""
+        if self.root is None:
+            return "memory (no index directory)"
+        return self.root if self.writable else f"{self.root} (read-only: new entries in memory)"
+
+    def where(self, name: str) -> str:
+        """Where blob ``name`` lives, for messages."""
+        if self.root is None or name in self._memory:
+            return f"<memory>/{name}"
+        return os.path.join(self.root, name)
+
+    def get(self, name: str) -> bytes | None:
+        """The bytes of blob ``name``; None when there is none (or it cannot be read, which is
+        logged: the caller rebuilds it)."""
+        with self._lock:
+            kept = self._memory.get(name)
+        if kept is not None or self.root is None:
+            return kept
+        try:
+            with open(os.path.join(self.root, name), "rb") as fh:
+                return fh.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            logger.warning("cannot read index file %s (%s); rebuilding it", self.where(name), exc)
+            return None
+
+    def open_mapped(self, name: str) -> Buffer | None:
+        """Blob ``name`` as a read-only buffer (a memory map of the file: pages are read when
+        touched and shared with every process mapping it); None when there is none."""
+        with self._lock:
+            kept = self._memory.get(name)
+        if kept is not None:
+            return memoryview(kept)
+        if self.root is None:
+            return None
+        try:
+            with open(os.path.join(self.root, name), "rb") as fh:
+                if os.fstat(fh.fileno()).st_size == 0:
+                    return memoryview(b"")  # an empty file: the caller finds it truncated
+                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, ValueError) as exc:
+            logger.warning("cannot read index file %s (%s); rebuilding it", self.where(name), exc)
+            return None
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        """Store ``data`` as blob ``name``: temp file, fsync, rename (in memory when the
+        directory is not writable; a failed write warns once and switches to memory)."""
+        if self.writable and self.root is not None:
+            try:
+                self._write_file(os.path.join(self.root, name), data)
+                return
+            except OSError as exc:
+                self._stop_writing(f"writing {self.where(name)} failed: {exc}")
+        with self._lock:
+            self._memory[name] = bytes(data)
+
+    def forget_memory(self) -> None:
+        """Drop the blobs kept in memory (the directory's files stay)."""
+        with self._lock:
+            self._memory.clear()
+
+    def sweep_temporary(self, older_than: float = STALE_TMP_SECONDS) -> int:
+        """Remove writers' leftover temporary files older than ``older_than`` seconds (a
+        writer killed between write and rename); returns how many were removed."""
+        if self.root is None or not self.writable:
+            return 0
+        removed = 0
+        cutoff = time.time() - older_than
+        for parent, _, names in os.walk(self.root):
+            for n in names:
+                path = os.path.join(parent, n)
+                try:
+                    if n.startswith(".") and n.endswith(".tmp") and os.stat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
+                except OSError:
+                    continue
+        return removed
+
+    def _write_file(self, target: str, data: bytes) -> None:
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(
+            directory, f".{os.path.basename(target)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        )
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def _stop_writing(self, reason: str) -> None:
+        with self._lock:
+            if not self.writable:
+                return
+            self.writable = False
+        logger.warning(
+            "index directory %s is not writable (%s); indexes built from now on live in "
+            "memory only and are rebuilt at the next start (fix: make the directory writable, "
+            "or pass --index-dir with a writable directory; --index-dir none silences this)",
+            self.root,
+            reason,
+        )
+
+
+_opened: dict[str, IndexDir] = {}
+_opened_lock = threading.Lock()
+
+
+def open_index_dir(location: str | None) -> IndexDir | None:
+    """The process's :class:`IndexDir` for ``location`` (one per directory, so a problem is
+    logged once); None for ``None`` or ``"none"`` (memory only, the caller's own cache).
+
+    The directory is created if needed and checked by writing a probe file; a directory
+    that cannot be written is a warning (entries in it are still read, new ones stay in
+    memory), never an error.
+    """
+    if location is None or location == NONE:
+        return None
+    root = os.path.abspath(os.path.expanduser(location))
+    with _opened_lock:
+        found = _opened.get(root)
+        if found is None:
+            found = _opened[root] = IndexDir(root)
+            problem = write_problem(root)
+            if problem is not None:
+                found._stop_writing(problem)
+            else:
+                logger.info("shard index directory %s", root)
+        return found
+
+
+def write_problem(root: str) -> str | None:
+    """Why nothing can be written in directory ``root`` (None: it exists, or was created,
+    and a probe file was written and removed)."""
+    try:
+        os.makedirs(root, exist_ok=True)
+        probe = os.path.join(root, f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        with open(probe, "wb") as fh:
+            fh.write(b"zephon")
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

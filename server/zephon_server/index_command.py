@@ -1,0 +1,115 @@
+"""``zephon index``: build the shard index of a pipeline's datasets ahead of time.
+
+``zephon index --config P [--index-dir D] [--workers N]`` lists every dataset's shards the way
+``zephon serve`` does and writes each shard's index entry and each dataset's catalog into the
+index directory (the same default as the other commands: the config's ``index_dir``, else
+``<state-dir>/index`` with ``--state-dir``, else the per-user cache directory). A server
+started afterwards on the same directory reads no shard to start. Progress goes to stderr
+(:mod:`.progress`), one summary line to stdout. Killed and run again, it skips every entry
+already written; run on an index that is complete, it only checks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .engine.errors import ZephonError
+
+DEFAULT_PROGRESS_INTERVAL = 10.0
+
+
+def default_workers() -> int:
+    """Shards indexed at once by default: the CPUs of this machine (at most 8)."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def add_index_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``zephon index``."""
+    from .cli import index_dir_arg
+
+    p.add_argument("--config", help="pipeline YAML file")
+    p.add_argument("--pipeline", help="Python pipeline, file.py:function or module:function")
+    index_dir_arg(p)
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="without --index-dir (nor index_dir in the config): build into <state-dir>/index, "
+        "where zephon serve --state-dir looks",
+    )
+    p.add_argument(
+        "--workers",
+        dest="index_workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="shards indexed at once (threads; default: the number of CPUs, at most 8)",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=DEFAULT_PROGRESS_INTERVAL,
+        metavar="SECONDS",
+        help="seconds between progress lines when stderr is not a terminal (on a terminal "
+        "the line updates in place; 0: only the last line)",
+    )
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """Build every dataset's index entries and catalog; prints one summary line."""
+    from .cli import load_pipeline
+    from .engine.index_builder import build_index, list_jobs
+    from .engine.index_dir import NONE, open_index_dir, write_problem
+    from .engine.shard_index import ShardIndex
+    from .engine.shards import ShardCache
+    from .progress import ProgressBar, human_bytes
+
+    interval = args.progress_interval
+    if not interval >= 0:
+        raise ZephonError(f"--progress-interval must be >= 0 seconds, got {interval!r}")
+    pipeline, execution = load_pipeline(args)
+    where = execution.index_dir
+    if where is None or where == NONE:
+        raise ZephonError(
+            "zephon index: --index-dir none keeps the shard index in memory only, so there is "
+            "nothing to build; give a directory (--index-dir DIR)"
+        )
+    problem = write_problem(os.path.abspath(where))
+    if problem is not None:
+        raise ZephonError(
+            f"zephon index: cannot write in index directory {os.path.abspath(where)} "
+            f"({problem}); make it writable or pass another --index-dir"
+        )
+    store = open_index_dir(where)
+    assert store is not None
+    store.sweep_temporary()
+    datasets = list_jobs(pipeline.datasets, pipeline.base_dir)
+    jobs = [job for listing in datasets for job in listing]
+    cache = ShardCache(index=ShardIndex(store), max_open_indexes=0)
+    bar = ProgressBar(
+        "index",
+        "shards",
+        len(jobs),
+        sum(j.size for j in jobs),
+        sys.stderr,
+        tty=sys.stderr.isatty(),
+        interval=interval,
+    ).start()
+    try:
+        report = build_index(
+            datasets,
+            cache,
+            default_workers() if args.index_workers is None else args.index_workers,
+            on_shard=lambda job, built: bar.advance(job.size, built),
+        )
+    finally:
+        bar.close()
+    rate = report.bytes_built / max(report.seconds, 1e-9)
+    print(
+        f"indexed {report.shards} shards of {report.datasets} dataset(s) in {store.root}: "
+        f"{report.built} built, {report.reused} already indexed; {report.rows} rows, "
+        f"{human_bytes(report.bytes_total)} ({human_bytes(report.bytes_built)} read) in "
+        f"{report.seconds:.1f} s ({human_bytes(rate)}/s)"
+    )
+    return 0
