@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 STAMP := .install.stamp
 
-.PHONY: install run test lint typecheck pytest bench proto docker clean
+.PHONY: install run test lint typecheck pytest numpy-venvs bench proto docker clean
 
 $(STAMP): pyproject.toml
 	$(PIP) install --quiet --disable-pip-version-check -e '.[server,dev,ray]'
@@ -27,8 +27,23 @@ lint: install
 	$(PYTHON) -m ruff format --check server client tests bench examples tools docker
 	$(PYTHON) -m mypy server/zephon_server client/zephon_client
 
-pytest: install
+pytest: install numpy-venvs
 	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+# A second interpreter with numpy 1.x (the system one has 2.x), for the test that the data
+# order does not depend on numpy (tests/test_numpy_versions.py). It sees the system packages
+# (tokenizers, grpc, yaml) and shadows numpy and pyarrow (pyarrow 26 needs numpy 2; 25.0.1 is
+# runs on numpy 1.26). Made once; pip's cache keeps a rebuild cheap.
+NUMPY1_VENV := build/numpy1-venv
+numpy-venvs: $(NUMPY1_VENV)/.ready
+
+$(NUMPY1_VENV)/.ready:
+	$(PYTHON) -m venv --system-site-packages $(NUMPY1_VENV)
+	$(NUMPY1_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		'numpy==1.26.4' 'pyarrow==25.0.1'
+	$(NUMPY1_VENV)/bin/python -c "import numpy, pyarrow, tokenizers, yaml; \
+		assert numpy.__version__.startswith('1.'), numpy.__version__"
+	@touch $@
 
 test: lint pytest
 

@@ -32,6 +32,7 @@ from zephon_client.errors import ZephonClientError
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 from zephon_server.engine.checkpoint import (
+    FORMAT_VERSION,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     ResumeState,
@@ -165,7 +166,7 @@ def rewrite(state: bytes, edit) -> bytes:
     payload = json.loads(state[42:])
     edit(payload)
     raw = json.dumps(payload).encode()
-    return struct.pack("<8sH32s", b"ZEPHONCK", 1, hashlib.sha256(raw).digest()) + raw
+    return struct.pack("<8sH32s", b"ZEPHONCK", FORMAT_VERSION, hashlib.sha256(raw).digest()) + raw
 
 
 def foreign_state(other_cfg: Path) -> bytes:
@@ -382,7 +383,15 @@ CASES: list[tuple[str, Any, grpc.StatusCode, str]] = [
             r.stub.Resume, pb.ResumeRequest(state=r.state[:8] + b"\x09\x00" + r.state[10:])
         ),
         grpc.StatusCode.FAILED_PRECONDITION,
-        "format version 9 is newer than this server's 2",
+        "format version 9 is newer than this server's 4",
+    ),
+    (
+        "resume: a checkpoint of Zephon 0.1",
+        lambda r: unary_error(
+            r.stub.Resume, pb.ResumeRequest(state=r.state[:8] + b"\x01\x00" + r.state[10:])
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "format version 1 (unsigned) is older than this server's 3: it was written by Zephon 0.1",
     ),
     (
         "resume: format version 0",
@@ -390,7 +399,7 @@ CASES: list[tuple[str, Any, grpc.StatusCode, str]] = [
             r.stub.Resume, pb.ResumeRequest(state=r.state[:8] + b"\x00\x00" + r.state[10:])
         ),
         grpc.StatusCode.DATA_LOSS,
-        "format version 0, expected 1..2",
+        "format version 0, expected 3 (unsigned) or 4 (signed)",
     ),
     (
         "resume: another pipeline",
@@ -592,7 +601,11 @@ def check_corruptions(state: bytes) -> dict[str, Any]:
             )
         except IncompatibleCheckpoint as exc:
             kinds["FAILED_PRECONDITION"] += 1
-            assert "newer than this server's" in str(exc), (name, exc)
+            # A flipped version bit reads as a newer format, or as Zephon 0.1's format 1.
+            assert any(w in str(exc) for w in ("newer than this server's", "older than")), (
+                name,
+                exc,
+            )
         else:
             raise AssertionError(f"{name}: a corrupt checkpoint was accepted")
     return {"cases": sum(kinds.values()), "by_status": dict(kinds)}
@@ -641,10 +654,13 @@ def test_corrupt_and_incompatible_checkpoint_files_at_startup(running, tmp_path,
     # A named damaged checkpoint, or one of another pipeline, stops the start with code 2.
     foreign = tmp_path / "foreign.zck"
     foreign.write_bytes(foreign_state(running.other_cfg))
+    older = Path(__file__).parent / "data" / "checkpoint-format-2.zck"  # by Zephon 0.1
     expected = {
         "ckpt-00000002-torn": "checksum mismatch: the file is truncated or corrupted (expected",
         "ckpt-00000003-empty": "truncated: 0 bytes, shorter than its 42-byte header",
         str(foreign): "checkpoint is from another pipeline: expected fingerprint",
+        str(older): "format version 2 (signed) is older than this server's 4: it was written by "
+        "Zephon 0.1",
     }
     for resume, message in expected.items():
         res = serve_once(

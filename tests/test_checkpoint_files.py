@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 import struct
+from pathlib import Path
 
 import pytest
 
 from zephon_server.engine.checkpoint import (
+    FORMAT_VERSION,
     MAGIC,
+    SIGNED_VERSION,
     CheckpointStore,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
@@ -15,6 +19,7 @@ from zephon_server.engine.checkpoint import (
     UnknownCheckpoint,
     read_state_file,
 )
+from zephon_server.engine.checkpoint_key import CheckpointKey
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.records import SampleBatch
@@ -85,6 +90,49 @@ def test_newer_format_version_is_refused(state_bytes):
     newer = MAGIC + struct.pack("<H", 99) + state_bytes[10:]
     with pytest.raises(IncompatibleCheckpoint, match="version 99 is newer"):
         ResumeState.decode(newer)
+
+
+# Written by Zephon 0.1 (format 1 unsigned, format 2 signed with b"a" * 32), whose data order
+# came from numpy's random streams: a resume on the permutation of this server is refused.
+ZEPHON_0_1 = {
+    1: Path(__file__).parent / "data" / "checkpoint-format-1.zck",
+    2: Path(__file__).parent / "data" / "checkpoint-format-2.zck",
+}
+
+
+@pytest.mark.parametrize(("version", "kind", "ours"), [(1, "unsigned", 3), (2, "signed", 4)])
+def test_a_checkpoint_of_zephon_0_1_is_refused_naming_both_versions_and_the_fix(
+    tmp_path, version, kind, ours
+):
+    assert (FORMAT_VERSION, SIGNED_VERSION) == (3, 4)
+    expected = (
+        f"checkpoint format version {version} ({kind}) is older than this server's {ours}: it "
+        "was written by Zephon 0.1, whose data order came from numpy's random streams; this "
+        "server orders shards, rows and lanes with its own permutation, so its positions would "
+        "point at other data. Resume it with Zephon 0.1, or start a new run (without a resume)"
+    )
+    path = ZEPHON_0_1[version]
+    for key in (None, CheckpointKey(b"a" * 32, "the key that signed it")):
+        with pytest.raises(IncompatibleCheckpoint) as info:
+            read_state_file(path, key)
+        assert str(info.value) == expected
+    # A store holding one stops the search for the latest (never resumed as another order).
+    shutil.copy(path, tmp_path / "ckpt-00000001.zck")
+    with pytest.raises(IncompatibleCheckpoint, match=f"format version {version} "):
+        CheckpointStore(tmp_path).latest()
+    # Damage is still reported as damage.
+    damaged = bytearray(path.read_bytes())
+    damaged[-3] ^= 1
+    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+        ResumeState.decode(bytes(damaged))
+
+
+def test_the_format_1_layout_is_the_format_3_layout_under_another_version(state_bytes):
+    """What Zephon 0.1 wrote for this state: the same bytes with version 1 in the header."""
+    assert struct.unpack_from("<H", state_bytes, 8)[0] == FORMAT_VERSION
+    old = MAGIC + struct.pack("<H", 1) + state_bytes[10:]
+    with pytest.raises(IncompatibleCheckpoint, match=r"format version 1 \(unsigned\) is older"):
+        ResumeState.decode(old)
 
 
 def test_fingerprint_mismatch_names_what_differs(corpus_specs, state_bytes):

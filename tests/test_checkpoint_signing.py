@@ -77,8 +77,8 @@ def retag(doc: dict) -> None:
 
 def test_signed_checkpoint_is_32_bytes_more_and_round_trips(state):
     plain, signed = state.encode(), state.encode(KEY_A)
-    assert struct.unpack_from("<H", plain, 8)[0] == FORMAT_VERSION == 1  # unsigned: unchanged
-    assert struct.unpack_from("<H", signed, 8)[0] == SIGNED_VERSION
+    assert struct.unpack_from("<H", plain, 8)[0] == FORMAT_VERSION == 3  # own data order
+    assert struct.unpack_from("<H", signed, 8)[0] == SIGNED_VERSION == 4
     assert len(signed) == len(plain) + 32
     for data in (plain, signed):
         assert ResumeState.decode(data).to_json() == state.to_json()  # no key: both load
@@ -108,8 +108,8 @@ def test_unsigned_or_other_key_refused_with_a_key(state):
     flipped[-5] ^= 1
     with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
         ResumeState.decode(bytes(flipped), KEY_A)
-    # Stripping the MAC (claiming version 1) makes it unsigned: still refused.
-    stripped = MAGIC + struct.pack("<H", 1) + signed[10:42] + signed[74:]
+    # Stripping the MAC (claiming the unsigned version) makes it unsigned: still refused.
+    stripped = MAGIC + struct.pack("<H", FORMAT_VERSION) + signed[10:42] + signed[74:]
     assert ResumeState.decode(stripped).tag == state.tag
     with pytest.raises(UnsignedCheckpoint):
         ResumeState.decode(stripped, KEY_A)

@@ -218,20 +218,33 @@ def test_a_file_changing_while_it_is_indexed_is_refused(tmp_path: Path, monkeypa
         ShardCache().num_rows(str(path), "jsonl")
 
 
-def test_checkpoint_of_the_previous_fingerprint_version_is_refused_saying_why(
-    tmp_path: Path,
+SHARD_IDENTITY = "identifies every shard by its size and modification time"
+OWN_ORDER = "orders shards, rows and lanes with Zephon's own permutation instead of numpy's"
+
+
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [(None, f"{SHARD_IDENTITY}; and {OWN_ORDER}"), ("2", OWN_ORDER)],
+    ids=["version-1", "version-2"],
+)
+def test_checkpoint_of_a_previous_fingerprint_version_is_refused_saying_why(
+    tmp_path: Path, version: str | None, why: str
 ) -> None:
     specs = write_corpus(tmp_path)
     run = pipeline(specs).run(INLINE)
     take(run, 2)
     run.close()
     old = run.checkpoint()
-    old.components.pop("fingerprint_version")  # as version 1 wrote them
+    if version is None:
+        old.components.pop("fingerprint_version")  # as version 1 wrote them
+    else:
+        old.components["fingerprint_version"] = version
     old.fingerprint = "0" * 64
     with pytest.raises(IncompatibleCheckpoint) as info:
         pipeline(specs).run(INLINE, resume=old)
     assert str(info.value).startswith(
-        "checkpoint was taken with fingerprint version 1 and this server computes version 2"
+        f"checkpoint was taken with fingerprint version {version or 1} and this server "
+        f"computes version 3 (which {why}), so it cannot be checked"
     )
 
 

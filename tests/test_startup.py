@@ -26,6 +26,7 @@ import pytest
 from service_helpers import ServerProcess, serve_once, write_config
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.checkpoint import (
+    SIGNED_VERSION,
     CheckpointStore,
     IncompatibleCheckpoint,
     NoUsableCheckpoint,
@@ -500,7 +501,10 @@ def run_signed_checkpoints(cfg: Path, unsigned: bytes, tmp_path: Path) -> dict[s
         stub = srv_a.stub()
         reply = stub.Checkpoint(pb.CheckpointRequest(tag="signed"), timeout=30)
         signed = reply.state
-        assert signed[8] == 2 and len(signed) == len(ResumeState.decode(signed).encode()) + 32
+        assert (
+            signed[8] == SIGNED_VERSION
+            and len(signed) == len(ResumeState.decode(signed).encode()) + 32
+        )
         assert CheckpointKey.from_file(key_a).verify(signed[:10] + signed[74:], signed[42:74])
         stub.Resume(pb.ResumeRequest(state=signed), timeout=30)
         stub.Resume(pb.ResumeRequest(checkpoint_id=reply.checkpoint_id), timeout=30)

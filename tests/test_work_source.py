@@ -3,10 +3,12 @@ exhaustion, checked against a naive step-by-step SWRR reference."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import random
 import threading
+import tracemalloc
 from collections import Counter
 from collections.abc import Sequence
 
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 from zephon_server.engine import swrr as swrr_mod
 from zephon_server.engine.datasets import DatasetInfo, DatasetSpec, ShardInfo
 from zephon_server.engine.errors import ConfigError
-from zephon_server.engine.work_source import Chunk, WorkSource
+from zephon_server.engine.work_source import STATE_VERSION, Chunk, WorkSource
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,7 +133,7 @@ def test_state_is_plain_json_and_independent_of_chunk_size() -> None:
         g = 4096 // chunk_size  # the same position in samples for every chunk size
         state = source.state_at(g)
         assert set(state) == {"version", "global_index", "samples", "datasets"}
-        assert state["version"] == 1 and state["global_index"] == g
+        assert state["version"] == STATE_VERSION == 2 and state["global_index"] == g
         assert state["samples"] == 4096
         assert [set(d) for d in state["datasets"]] == [
             {"pass", "consumed", "active", "current"}
@@ -440,3 +442,59 @@ def test_lanes_iterated_from_threads_match_sequential() -> None:
         t.join()
     assert not errors
     assert got == expected
+
+
+# -- golden --------------------------------------------------------------------------------
+
+# The data order of a small configuration: two datasets (a repeating one of shards of 5, 300
+# and 7 rows, a stopping one of 1000 and 2), 3 lanes. Shard and row orders of 2..7 use the
+# sorted-hash order of the permutation, those of 300 and 1000 rows its Feistel network.
+# Changing these changes every pipeline's data: bump FINGERPRINT_VERSION and the checkpoint
+# format with it, deliberately.
+GOLDEN_FIRST_CHUNKS = [  # (lane, lane-local chunk id, docs as "dataset shard row pass, ...")
+    (
+        2,
+        0,
+        "0 2 2 0, 1 1 0 0, 0 2 3 0, 0 2 4 0, 0 2 5 0, 1 1 1 0, 0 2 6 0, 0 2 1 0, "
+        "1 0 359 0, 0 2 0 0, 0 1 51 0, 1 0 460 0, 0 1 110 0, 0 1 208 0, 0 1 150 0, 1 0 448 0",
+    ),
+    (
+        0,
+        0,
+        "0 1 157 0, 0 1 224 0, 1 0 723 0, 0 1 153 0, 0 1 48 0, 1 0 238 0, 0 1 182 0, "
+        "0 1 289 0, 0 1 125 0, 1 0 117 0, 0 1 129 0, 0 1 286 0, 1 0 108 0, 0 1 195 0, "
+        "0 1 207 0, 1 0 662 0",
+    ),
+]
+GOLDEN_300_CHUNKS = "3a6b10da4df8810fb69b1fdc055db82645dccb7ce4534d901f4c0922526f7b4a"
+
+
+def test_golden_data_order() -> None:
+    ds = make_datasets([[5, 300, 7], [1000, 2]], [0.7, 0.3], ["repeat", "stop"])
+    source = WorkSource(ds, seed=1234, lanes=3, chunk_size=16)
+    chunks = list(itertools.islice(source.chunks(), 300))
+    for chunk, (lane, chunk_id, docs) in zip(chunks, GOLDEN_FIRST_CHUNKS):
+        expected = [[int(v) for v in doc.split()] for doc in docs.split(",")]
+        assert (chunk.lane_id, chunk.chunk_id, chunk.docs.tolist()) == (lane, chunk_id, expected)
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(f"{c.global_index}:{c.lane_id}:{c.chunk_id}:".encode())
+        h.update(c.docs.astype("<i8").tobytes())
+    assert h.hexdigest() == GOLDEN_300_CHUNKS
+    # 300 chunks cover the end of the stopping dataset and 12 passes of the repeating one.
+    state = source.state_at(300)["datasets"]
+    assert [(d["pass"], d["active"]) for d in state] == [(12, True), (0, False)]
+
+
+def test_row_orders_are_evaluated_not_stored() -> None:
+    # Shards of millions of rows: a stored row order would take 8 bytes per row (tens of MB).
+    ds = make_datasets([[5_000_000, 3_000_000], [2_000_000]], [0.5, 0.5], "repeat")
+    tracemalloc.start()
+    try:
+        source = WorkSource(ds, seed=3, lanes=2, chunk_size=256)
+        chunks = list(itertools.islice(source.chunks(), 50))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sum(len(c) for c in chunks) == 50 * 256
+    assert peak < 2 << 20, f"{peak} bytes allocated at the peak"

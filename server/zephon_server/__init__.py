@@ -4,4 +4,4 @@ The server distribution holds the engine (:mod:`zephon_server.engine`, never imp
 the gRPC service adapter and the ``zephon`` command line.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -12,6 +12,11 @@ File format: ``MAGIC`` (8 bytes), format version (u16 little-endian), sha256 of 
 HMAC-SHA256 of magic, version and payload (32 bytes) between the checksum and the payload; the
 payload is the same. So an unsigned file is recognisable as such, and an older server refuses a
 signed one as "newer" instead of misreading it.
+
+Format versions 1 (unsigned) and 2 (signed) were written by Zephon 0.1, whose data order came
+from numpy's random streams; the work source now orders data with its own permutation, so the
+positions in such a file point at other data. They are refused (:data:`RETIRED_VERSIONS`), never
+reinterpreted: 3 and 4 are the same layouts for the new order.
 """
 
 from __future__ import annotations
@@ -35,13 +40,17 @@ from typing import Any
 from .checkpoint_key import MAC_BYTES, CheckpointKey
 from .errors import ZephonError
 from .manifest import COPY_HINT, ShardManifest, describe_data_change, manifest_dir
+from .pipeline import FINGERPRINT_CHANGES
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"ZEPHONCK"
-FORMAT_VERSION = 1
-SIGNED_VERSION = 2
+FORMAT_VERSION = 3
+"""The header version of an unsigned checkpoint (3: the data order of :mod:`.permutation`)."""
+SIGNED_VERSION = 4
 """The header version of a signed checkpoint (its payload is a :data:`FORMAT_VERSION` one)."""
+RETIRED_VERSIONS = {1: (False, "0.1"), 2: (True, "0.1")}
+"""Older header versions: whether they are signed, and the Zephon release that reads them."""
 _HEADER = struct.Struct("<8sH32s")
 _VERSION = struct.Struct("<H")
 
@@ -311,10 +320,10 @@ class ResumeState:
         if theirs != ours:
             raise IncompatibleCheckpoint(
                 f"checkpoint was taken with fingerprint version {theirs} and this server "
-                f"computes version {ours} (which also identifies every shard by its size and "
-                "modification time), so it cannot be checked against the current data "
-                f"(expected fingerprint {fingerprint[:16]}, found {self.fingerprint[:16]}). "
-                "Resume it with the Zephon version that took it, or start a new run"
+                f"computes version {ours}{_fingerprint_changes(theirs, ours)}, so it cannot be "
+                f"checked against the current data (expected fingerprint {fingerprint[:16]}, "
+                f"found {self.fingerprint[:16]}). Resume it with the Zephon version that took "
+                "it, or start a new run"
             )
 
     def _describe_data_change(
@@ -339,6 +348,14 @@ class ResumeState:
         return describe_data_change(self.fingerprint, names, current, dirs)
 
 
+def _fingerprint_changes(theirs: str, ours: str) -> str:
+    """`` (which ...)``: what the fingerprint versions after ``theirs`` up to ``ours`` changed."""
+    if not (theirs.isdigit() and ours.isdigit()):
+        return ""
+    changes = [FINGERPRINT_CHANGES.get(v, "") for v in range(int(theirs) + 1, int(ours) + 1)]
+    return f" (which {'; and '.join(c for c in changes if c)})" if any(changes) else ""
+
+
 def _verified_payload(data: bytes) -> tuple[bytes, int]:
     """The payload of checkpoint bytes whose header and checksum are intact, and the header
     version; :class:`CorruptCheckpoint` / :class:`IncompatibleCheckpoint` otherwise."""
@@ -357,7 +374,8 @@ def _verified_payload(data: bytes) -> tuple[bytes, int]:
             f"checkpoint format version {version} is newer than this server's "
             f"{SIGNED_VERSION}; resume it with a newer Zephon"
         )
-    start = _HEADER.size + (MAC_BYTES if version == SIGNED_VERSION else 0)
+    signed = version == SIGNED_VERSION or RETIRED_VERSIONS.get(version, (False, ""))[0]
+    start = _HEADER.size + (MAC_BYTES if signed else 0)
     if len(data) < start:
         raise CorruptCheckpoint(
             f"checkpoint is truncated: {len(data)} bytes, shorter than its {start}-byte "
@@ -371,11 +389,27 @@ def _verified_payload(data: bytes) -> tuple[bytes, int]:
             f"(expected sha256 {checksum.hex()[:16]}..., found {found.hex()[:16]}... over "
             f"{len(payload)} payload bytes); use another checkpoint"
         )
-    if version < 1:
+    if version in RETIRED_VERSIONS:
+        raise _retired(version)
+    if version not in (FORMAT_VERSION, SIGNED_VERSION):
         raise CorruptCheckpoint(
-            f"checkpoint header is corrupt: format version {version}, expected 1..{SIGNED_VERSION}"
+            f"checkpoint header is corrupt: format version {version}, expected "
+            f"{FORMAT_VERSION} (unsigned) or {SIGNED_VERSION} (signed)"
         )
     return payload, version
+
+
+def _retired(version: int) -> IncompatibleCheckpoint:
+    """The refusal of an intact checkpoint of an older format (:data:`RETIRED_VERSIONS`)."""
+    signed, release = RETIRED_VERSIONS[version]
+    kind, ours = ("signed", SIGNED_VERSION) if signed else ("unsigned", FORMAT_VERSION)
+    return IncompatibleCheckpoint(
+        f"checkpoint format version {version} ({kind}) is older than this server's {ours}: it "
+        f"was written by Zephon {release}, whose data order came from numpy's random streams; "
+        "this server orders shards, rows and lanes with its own permutation, so its positions "
+        f"would point at other data. Resume it with Zephon {release}, or start a new run "
+        "(without a resume)"
+    )
 
 
 def _check_signature(data: bytes, payload: bytes, version: int, key: CheckpointKey | None) -> None:

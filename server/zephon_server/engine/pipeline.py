@@ -30,7 +30,16 @@ if TYPE_CHECKING:
 
 #: 2: shards are identified by size and modification time (``ShardInfo.identity``), and the
 #: components name each dataset's settings and its shards apart (``shards:<name>``).
-FINGERPRINT_VERSION = 2
+#: 3: the work source orders shards, rows and lanes with the project's own permutation
+#: (:mod:`.permutation`) instead of numpy's ``PCG64`` streams: the same settings give another
+#: data order, so nothing keyed by a version-2 fingerprint (checkpoints, replay caches) applies.
+FINGERPRINT_VERSION = 3
+
+#: What each fingerprint version changed, for the error refusing a checkpoint of an older one.
+FINGERPRINT_CHANGES = {
+    2: "identifies every shard by its size and modification time",
+    3: "orders shards, rows and lanes with Zephon's own permutation instead of numpy's",
+}
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:

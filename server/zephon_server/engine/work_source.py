@@ -21,21 +21,24 @@ The stream ends when no dataset is active, so it is finite iff every dataset use
 (then it holds every row of every dataset exactly once). A chunk in which the last active
 dataset runs out is cut short and is the last chunk.
 
-**Order within a pass.** Pass ``p`` of dataset ``d`` visits its shards in a seeded permutation
-(seeded by ``(seed, d, p)``) and the rows of each shard in a seeded permutation (seeded by
+**Order within a pass.** Pass ``p`` of dataset ``d`` visits its shards in a keyed permutation
+(key ``(seed, d, p)``) and the rows of each shard in a keyed permutation (key
 ``(seed, d, p, shard)``); the k-th sample of the pass maps to a (shard, row) through the
 cumulative row counts of the permuted shards. Consecutive samples of a dataset therefore come
-from the same shard, which keeps compressed shards hot in the shard cache.
+from the same shard, which keeps compressed shards hot in the shard cache. A row order is never
+stored: the rows of a run of samples are evaluated from the permutation when needed.
 
-**Lanes.** Chunk ``g`` belongs to block ``b = g // lanes``; a seeded permutation of the lanes
-(seeded by ``(seed, b)``) gives ``lane_of(g) = perm_b[g % lanes]``. Each lane gets exactly one
+**Lanes.** Chunk ``g`` belongs to block ``b = g // lanes``; a keyed permutation of the lanes
+(key ``(seed, b)``) gives ``lane_of(g) = perm_b[g % lanes]``. Each lane gets exactly one
 chunk per block and its lane-local chunk id is ``b``.
 
 **State.** The source is sequential: the plain-data state at chunk ``g`` (pass, rows consumed,
 active flag and SWRR current per dataset) determines chunk ``g`` and everything after it. Its
 size does not depend on the chunk size. Every value here is a pure function of (row counts,
-weights, exhaustion policies, seed, lanes, chunk_size); randomness comes from
-``numpy.random.PCG64`` seeded by ``SeedSequence`` entropy, which is identical on every platform.
+weights, exhaustion policies, seed, lanes, chunk_size); randomness comes from the project's own
+keyed permutation (:mod:`.permutation`: a Feistel network keyed by BLAKE2b of the key tuple,
+each key prefixed with a domain tag for shards, rows or lanes), specified independently of numpy
+and identical on every platform and numpy version.
 """
 
 from __future__ import annotations
@@ -53,28 +56,26 @@ import numpy as np
 
 from .datasets import DatasetInfo
 from .errors import ConfigError
+from .permutation import Permutation
 from .records import DocRef
 from .swrr import Swrr
 
 logger = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+#: 2: the orders come from :mod:`.permutation` (1: numpy ``PCG64`` permutations).
+STATE_VERSION = 2
 WEIGHT_SCALE = 1_000_000
 SNAPSHOT_EVERY = 64
 MAX_SNAPSHOTS = 4096
 
-# Domain tags keep the seed sequences of different uses apart.
+# Domain tags keep the permutation keys of different uses apart.
 _TAG_SHARDS = 0x5A5348
 _TAG_ROWS = 0x5A524F
 _TAG_LANES = 0x5A4C41
 
-_PERM_BUDGET = 1 << 23  # row-permutation entries kept (int32: 32 MiB)
 _LAYOUT_CACHE = 64
+_ROW_PERM_CACHE = 64  # Permutation objects (each at most ~256 KiB of round tables)
 _LANE_PERM_CACHE = 256
-
-
-def _rng(*entropy: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(entropy))))
 
 
 @dataclass(frozen=True, eq=False)
@@ -219,8 +220,7 @@ class WorkSource:
         self._rec_window = max(16, 2 * lanes)
         self._recs: OrderedDict[int, tuple[_State, np.ndarray]] = OrderedDict()
         self._layouts: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        self._perms: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
-        self._perm_entries = 0
+        self._row_perms: OrderedDict[tuple[int, int, int], Permutation] = OrderedDict()
         self._lane_perms: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         n = len(datasets)
         self._initial = _State(0, 0, (0,) * n, (0,) * n, (True,) * n, (0,) * n)
@@ -233,7 +233,7 @@ class WorkSource:
             if hit is not None:
                 self._lane_perms.move_to_end(block)
                 return hit
-            perm = _rng(_TAG_LANES, self.seed, block).permutation(self.lanes)
+            perm = Permutation((_TAG_LANES, self.seed, block), self.lanes).full()
             value = (perm, np.argsort(perm))
             self._lane_perms[block] = value
             if len(self._lane_perms) > _LANE_PERM_CACHE:
@@ -441,7 +441,7 @@ class WorkSource:
             where = at[done : done + n]
             docs[where, 0] = d
             docs[where, 1] = shard
-            docs[where, 2] = self._row_perm(d, p, shard)[offset : offset + n]
+            docs[where, 2] = self._row_perm(d, p, shard).at_range(offset, offset + n)
             docs[where, 3] = p
             done += n
             k += n
@@ -455,7 +455,7 @@ class WorkSource:
         if hit is not None:
             self._layouts.move_to_end(key)
             return hit
-        perm = _rng(_TAG_SHARDS, self.seed, d, p).permutation(len(self._shard_rows[d]))
+        perm = Permutation((_TAG_SHARDS, self.seed, d, p), len(self._shard_rows[d])).full()
         bounds = np.zeros(len(perm) + 1, dtype=np.int64)
         np.cumsum(self._shard_rows[d][perm], out=bounds[1:])
         self._layouts[key] = (perm, bounds)
@@ -463,22 +463,17 @@ class WorkSource:
             self._layouts.popitem(last=False)
         return perm, bounds
 
-    def _row_perm(self, d: int, p: int, s: int) -> np.ndarray:
-        """The row order of shard ``s`` of dataset ``d`` in pass ``p``."""
+    def _row_perm(self, d: int, p: int, s: int) -> Permutation:
+        """The row order of shard ``s`` of dataset ``d`` in pass ``p`` (evaluated, not stored)."""
         key = (d, p, s)
-        hit = self._perms.get(key)
+        hit = self._row_perms.get(key)
         if hit is not None:
-            self._perms.move_to_end(key)
+            self._row_perms.move_to_end(key)
             return hit
-        n = int(self._shard_rows[d][s])
-        perm = _rng(_TAG_ROWS, self.seed, d, p, s).permutation(n)
-        if n < 2**31:
-            perm = perm.astype(np.int32)
-        self._perms[key] = perm
-        self._perm_entries += n
-        while self._perm_entries > _PERM_BUDGET and len(self._perms) > 1:
-            _, old = self._perms.popitem(last=False)
-            self._perm_entries -= len(old)
+        perm = Permutation((_TAG_ROWS, self.seed, d, p, s), int(self._shard_rows[d][s]))
+        self._row_perms[key] = perm
+        if len(self._row_perms) > _ROW_PERM_CACHE:
+            self._row_perms.popitem(last=False)
         return perm
 
     def _materialize(self, st: _State) -> tuple[np.ndarray | None, _State]:
