@@ -237,6 +237,27 @@ def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
     _reexec([target.library, *preload], target.name, argv)
 
 
+def requested(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
+    """The ``--allocator`` a ``zephon serve`` command line asks for, read without its parser.
+
+    The last ``--allocator X`` or ``--allocator=X``, else ``ZEPHON_ALLOCATOR``, else ``auto``
+    (the defaults of ``--allocator``). Reading it before the parser exists lets the server
+    re-execute before importing numpy, gRPC and the engine, which the new image imports
+    anyway; the CLI checks it against the parsed value (an abbreviated flag) afterwards.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    choice = env.get(ENV) or "auto"
+    words = list(argv)
+    for i, word in enumerate(words):
+        if word == "--":
+            break
+        if word == "--allocator" and i + 1 < len(words):
+            choice = words[i + 1]
+        elif word.startswith("--allocator="):
+            choice = word.partition("=")[2]
+    return choice
+
+
 def tuned_environ(name: str, environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` plus allocator ``name``'s :data:`TUNING` (variables already set are kept)."""
     return {**TUNING.get(name, {}), **environ}
