@@ -53,6 +53,16 @@ def test_find_library_looks_in_the_given_directories(monkeypatch, tmp_path):
     assert allocator.find_library("jemalloc", [str(tmp_path)]) is None
     (tmp_path / "libjemalloc.so.2").write_bytes(b"")
     assert allocator.find_library("jemalloc", [str(tmp_path)]) == str(tmp_path / "libjemalloc.so.2")
+    # ... before the linker's cache, which is only asked when they have nothing
+    elsewhere = tmp_path / "opt"
+    elsewhere.mkdir()
+    (elsewhere / "libmimalloc.so.2").write_bytes(b"")
+    cache = {"libmimalloc.so.2": str(elsewhere / "libmimalloc.so.2")}
+    monkeypatch.setattr(allocator, "_ldconfig_paths", lambda: cache)
+    assert allocator.find_library("jemalloc", [str(tmp_path)]) == str(tmp_path / "libjemalloc.so.2")
+    assert allocator.find_library("mimalloc", [str(tmp_path)]) == cache["libmimalloc.so.2"]
+    (tmp_path / "libmimalloc.so.2").write_bytes(b"")
+    assert allocator.find_library("mimalloc", [str(tmp_path)]) == str(tmp_path / "libmimalloc.so.2")
 
 
 def test_the_mapped_allocator_is_read_from_the_process_maps(tmp_path):
@@ -224,12 +234,21 @@ def test_indexing_takes_no_more_page_faults_on_the_default_allocator(tmp_path):
 
 
 REEXEC = """
-import json, os, sys
+import json, os, subprocess, sys
 sys.argv = ["zephon", "serve", "--port", "0", *sys.argv[1:]]
+spawned = []
+_popen = subprocess.Popen.__init__
+
+def popen(self, args, *more, **kw):
+    spawned.append(str(args))
+    _popen(self, args, *more, **kw)
+
+subprocess.Popen.__init__ = popen
 import zephon_server.cli as cli
 
-def execve(path, args, env):  # the re-execution: report what this image had imported
-    print(json.dumps({"modules": sorted(sys.modules), "preload": env.get("LD_PRELOAD", "")}))
+def execve(path, args, env):  # the re-execution: report what this image did before it
+    seen = {"modules": sorted(sys.modules), "preload": env.get("LD_PRELOAD"), "spawned": spawned}
+    print(json.dumps(seen))
     sys.stdout.flush()
     os._exit(0)
 
@@ -257,6 +276,9 @@ def test_serve_re_executes_before_importing_the_server():
     assert os.path.basename(seen["preload"]).startswith("libmimalloc"), seen["preload"]
     heavy = {"numpy", "grpc", "zephon_server.service.server", "zephon_server.engine.pipeline"}
     assert heavy.isdisjoint(seen["modules"]), sorted(heavy & set(seen["modules"]))
+    # ... nor runs anything: mimalloc is in a standard directory, glibc's soname is known
+    # (each `ldconfig -p` was a fork and exec, in both images and every worker process)
+    assert seen["spawned"] == []
 
 
 def test_the_allocator_is_read_from_the_command_line_before_parsing():

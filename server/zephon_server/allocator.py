@@ -107,16 +107,21 @@ def _ldconfig_paths() -> dict[str, str]:
 
 
 def find_library(name: str, dirs: Sequence[str] = LIBRARY_DIRS) -> str | None:
-    """The path of allocator ``name``'s shared library, or None when it is not installed."""
+    """The path of allocator ``name``'s shared library, or None when it is not installed.
+
+    ``dirs`` first, in order, then the dynamic linker's cache: every default start-up looks,
+    and a file found in a standard directory spares running ``ldconfig -p``.
+    """
     sonames, _ = KNOWN[name]
-    cache = _ldconfig_paths()
     for soname in sonames:
-        if soname in cache and os.path.exists(cache[soname]):
-            return cache[soname]
         for directory in dirs:
             path = os.path.join(directory, soname)
             if os.path.exists(path):
                 return path
+    cache = _ldconfig_paths()
+    for soname in sonames:
+        if soname in cache and os.path.exists(cache[soname]):
+            return cache[soname]
     return None
 
 
