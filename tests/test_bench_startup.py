@@ -159,3 +159,37 @@ def test_the_servers_choose_their_own_allocator(monkeypatch, tmp_path):
     args = serve_args(case, tmp_path, "system", tmp_path / "idx")
     assert args[args.index("--allocator") + 1] == "system"
     assert args[args.index("--index-dir") + 1] == str(tmp_path / "idx")
+
+
+@pytest.mark.parametrize("index_cmd", [False, True])
+def test_with_the_index_each_case_starts_cold_then_warm_on_a_filled_directory(
+    monkeypatch, tmp_path, index_cmd
+):
+    from bench import startup
+
+    starts, builds = [], []
+
+    def measure(case, run_dir, alloc, index_dir):
+        starts.append((run_dir.name, alloc, index_dir and index_dir.name))
+        return {"case": case.name, "allocator": alloc}
+
+    monkeypatch.setattr(startup, "measure_start", measure)
+    monkeypatch.setattr(startup, "build_index", lambda c, d, w, r: builds.append((d.name, w)))
+    case = Case("c", tmp_path / "p.yaml", ())
+    support = startup.Support(index_dir=True, index_cmd=index_cmd)
+    runs = startup.run_case(case, support, 1, ("system", "default"), tmp_path)
+    warm = "index-warm" if index_cmd else "index-cold-system"  # filled by the command or a start
+    assert starts == [
+        ("cold-system", "system", "index-cold-system"),
+        ("cold-default", "default", "index-cold-default"),
+        ("warm-system", "system", warm),
+        ("warm-default", "default", warm),
+    ]
+    assert builds == ([("index-warm", 2)] if index_cmd else [])
+    assert [r["index"] for r in runs] == ["cold", "cold", "warm", "warm"]
+    assert {r["round"] for r in runs} == {1}
+    # without --index-dir: one start per allocator, no index directory, no warm claim
+    starts.clear()
+    runs = startup.run_case(case, startup.Support(False, False), 0, sr.ALLOCATORS, tmp_path)
+    assert starts == [("default", "default", None), ("system", "system", None)]
+    assert [r["index"] for r in runs] == [sr.NOT_AVAILABLE] * 2
