@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("start-up (bench.startup)")
         start_up = startup.run(
             work_dir / "startup",
-            rounds=min(args.repeat, 3),
+            rounds=min(args.repeat, 5),
             quick=args.quick,
             tokenizer=work.tokenizer,
         )

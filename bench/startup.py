@@ -1,6 +1,6 @@
 """Start-up: launching ``zephon serve`` to SERVING and to a client's first batch, and RSS.
 
-``python -m bench.startup [--rounds 3] [--quick] [--publish]`` (``bench.run`` runs it too and
+``python -m bench.startup [--rounds 5] [--quick] [--publish]`` (``bench.run`` runs it too and
 publishes it in docs/benchmarks.md). Every start is the real command a user types, ``python -m
 zephon_server.cli serve --config P``, with ``--allocator auto`` (the default: it re-executes
 itself on mimalloc when installed) or ``--allocator system``, in an environment without
@@ -267,7 +267,9 @@ def measure_start(
                 raise RuntimeError(f"server did not start:\n{tail(run_dir / 'server.log')}")
             time.sleep(0.002)
         to_serving = time.monotonic() - t0
-        rss = psutil.Process(proc.pid).memory_info().rss
+        server = psutil.Process(proc.pid)  # the same pid after a re-execution
+        rss = server.memory_info().rss
+        times = server.cpu_times()
         address = f"{HOST}:{int(port_file.read_text())}"
         with DataClient(address, rank=0, world_size=1) as client:
             next(iter(client))
@@ -281,6 +283,7 @@ def measure_start(
         "to_serving": to_serving,
         "to_first_batch": to_first_batch,
         "rss_serving": rss,
+        "cpu_serving": times.user + times.system,
         "ran_on": startup_report.allocator_from_log(tail(run_dir / "server.log", 100_000)),
     }
 
@@ -508,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.startup", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (medians over them)")
     parser.add_argument("--quick", action="store_true", help="100 and 1,000 shards, 8 x 4 MB")
     parser.add_argument(
         "--publish",

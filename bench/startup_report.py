@@ -27,7 +27,7 @@ WARM_TTFB_TARGET = 3.0  # s, warm index, 10,000 shards, to the first batch
 RSS_SPREAD_TARGET = 100 * MB  # RSS at SERVING, 10,000 shards vs 100 shards
 REFERENCE_TTFB_TARGET = 1.5  # s, warm index, the reference workload, to the first batch
 INDEX_RATE_TARGET = 0.80  # zephon index --workers 1 vs the disk's sequential read rate
-FIELDS = ("to_serving", "to_first_batch", "rss_serving")
+FIELDS = ("to_serving", "to_first_batch", "rss_serving", "cpu_serving")
 
 
 def supports_index_dir(serve_help: str) -> bool:
@@ -60,7 +60,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (case, index, alloc), group in groups.items():
         row: dict[str, Any] = {"case": case, "index": index, "allocator": alloc}
         for field in FIELDS:
-            row[field] = statistics.median(r[field] for r in group)
+            values = [r[field] for r in group if r.get(field) is not None]
+            row[field] = statistics.median(values) if values else None
         row["ran_on"] = sorted({r.get("ran_on", "?") for r in group})
         row["rounds"] = [r["to_first_batch"] for r in sorted(group, key=lambda r: r["round"])]
         row["shards"] = group[0].get("shards")
@@ -201,7 +202,8 @@ def _allocator_targets(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def runs_table(section: dict[str, Any]) -> str:
-    """Case, index, allocator, to SERVING, to first batch, RSS at SERVING (medians)."""
+    """Case, index, allocator, to SERVING, to first batch, RSS and CPU at SERVING (medians;
+    the CPU counts both images of a re-executed server)."""
     rows = []
     for r in summarize(section.get("runs", [])):
         alloc = "default (auto)" if r["allocator"] == "default" else "`--allocator system`"
@@ -217,9 +219,11 @@ def runs_table(section: dict[str, Any]) -> str:
                 if len(r["rounds"]) > 1
                 else _s(r["to_first_batch"]),
                 f"{r['rss_serving'] / MB:.0f} MB",
+                "" if r["cpu_serving"] is None else f"{r['cpu_serving']:.2f} s",
             ]
         )
     header = ["case", "index", "allocator: ran on", "to SERVING", "to first batch", "RSS"]
+    header.append("server CPU to SERVING")
     return table(rows, header)
 
 

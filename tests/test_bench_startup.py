@@ -193,3 +193,12 @@ def test_with_the_index_each_case_starts_cold_then_warm_on_a_filled_directory(
     runs = startup.run_case(case, startup.Support(False, False), 0, sr.ALLOCATORS, tmp_path)
     assert starts == [("default", "default", None), ("system", "system", None)]
     assert [r["index"] for r in runs] == [sr.NOT_AVAILABLE] * 2
+
+
+def test_the_server_cpu_to_serving_is_a_column_when_measured():
+    runs = [
+        {**run("100 shards", "default", r, 1.0), "cpu_serving": c} for r, c in enumerate([1, 3, 2])
+    ]
+    assert sr.runs_table({"runs": runs}).endswith("| 60 MB | 2.00 s |")
+    unmeasured = [run("100 shards", "system", 0, 1.0)]  # results from before the column
+    assert sr.runs_table({"runs": unmeasured}).endswith("| 60 MB |  |")
