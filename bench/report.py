@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from . import startup_report
 from .common import RESULTS, table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -712,6 +713,7 @@ def markdown(results: dict[str, Any], png_name: str = "benchmarks.png") -> str:
             delivery,
             "",
         ]
+    lines += startup_report.markdown(results.get("startup"))
     lines += [
         "## Other figures",
         "",

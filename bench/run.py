@@ -8,7 +8,9 @@ so that machine noise spreads over all of them:
 * the engine in-process: inline, threads x1/x2, processes x1/x2, Ray x1/x2 (if installed);
 * the service over loopback gRPC (threads x2 server) with one and with two client ranks;
 * time to first batch, RSS over a long run, checkpoint size per lane and latency (engine and
-  Checkpoint RPC), resume-to-first-batch latency and records replayed.
+  Checkpoint RPC), resume-to-first-batch latency and records replayed;
+* start-up (:mod:`bench.startup`): launching ``zephon serve`` to SERVING and to the first
+  batch, and RSS, by shard count, index state and allocator; the indexer's read rate.
 
 Results: ``bench/results/bench.json`` (everything, every run), ``docs/benchmarks.md`` and
 ``docs/benchmarks.png`` (via :mod:`bench.report`). The benchmark asserts nothing; it reports
@@ -39,7 +41,7 @@ from typing import Any
 
 from zephon_server import allocator
 
-from . import report
+from . import report, startup
 from .cases import (
     ALLOCATOR,
     RATIOS,
@@ -536,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.setdefault(case.key, []).append(result)
     best = {key: max(rs, key=lambda r: r["rate"]) for key, rs in runs.items()}
 
-    long = res = rpc = delivery = None
+    long = res = rpc = delivery = start_up = None
     if not args.only:
         log.info("long run (RSS)")
         long = measure_child("long", work, work_dir / "long")
@@ -546,6 +548,13 @@ def main(argv: list[str] | None = None) -> int:
         rpc = checkpoint_rpc(work, work_dir / "checkpoint-rpc")
         log.info("delivery cost per batch")
         delivery = measure_child("delivery", work, work_dir / "delivery")
+        log.info("start-up (bench.startup)")
+        start_up = startup.run(
+            work_dir / "startup",
+            rounds=min(args.repeat, 5),
+            quick=args.quick,
+            tokenizer=work.tokenizer,
+        )
 
     mach["load_after"] = list(os.getloadavg())
     fixed_tokens = best[cases[0].key]["tokens"] if cases else 0
@@ -577,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         "resume": res,
         "checkpoint_rpc": rpc,
         "delivery": delivery,
+        "startup": start_up,
         "method": method(work, args.repeat),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -107,16 +107,21 @@ def _ldconfig_paths() -> dict[str, str]:
 
 
 def find_library(name: str, dirs: Sequence[str] = LIBRARY_DIRS) -> str | None:
-    """The path of allocator ``name``'s shared library, or None when it is not installed."""
+    """The path of allocator ``name``'s shared library, or None when it is not installed.
+
+    ``dirs`` first, in order, then the dynamic linker's cache: every default start-up looks,
+    and a file found in a standard directory spares running ``ldconfig -p``.
+    """
     sonames, _ = KNOWN[name]
-    cache = _ldconfig_paths()
     for soname in sonames:
-        if soname in cache and os.path.exists(cache[soname]):
-            return cache[soname]
         for directory in dirs:
             path = os.path.join(directory, soname)
             if os.path.exists(path):
                 return path
+    cache = _ldconfig_paths()
+    for soname in sonames:
+        if soname in cache and os.path.exists(cache[soname]):
+            return cache[soname]
     return None
 
 
@@ -235,6 +240,27 @@ def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
             log.info("memory allocator: %s", describe(current))
         return
     _reexec([target.library, *preload], target.name, argv)
+
+
+def requested(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
+    """The ``--allocator`` a ``zephon serve`` command line asks for, read without its parser.
+
+    The last ``--allocator X`` or ``--allocator=X``, else ``ZEPHON_ALLOCATOR``, else ``auto``
+    (the defaults of ``--allocator``). Reading it before the parser exists lets the server
+    re-execute before importing numpy, gRPC and the engine, which the new image imports
+    anyway; the CLI checks it against the parsed value (an abbreviated flag) afterwards.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    choice = env.get(ENV) or "auto"
+    words = list(argv)
+    for i, word in enumerate(words):
+        if word == "--":
+            break
+        if word == "--allocator" and i + 1 < len(words):
+            choice = words[i + 1]
+        elif word.startswith("--allocator="):
+            choice = word.partition("=")[2]
+    return choice
 
 
 def tuned_environ(name: str, environ: Mapping[str, str]) -> dict[str, str]:

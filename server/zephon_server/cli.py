@@ -409,19 +409,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     signals = None
     try:
-        signals = _stop_signals(sys.argv[1:] if argv is None else argv)
-        args = build_parser().parse_args(argv)
-        logging.basicConfig(
-            level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT
-        )
-        if args.command == "serve":
-            if argv is None:
-                # Run as a program: may re-execute itself with a faster malloc (allocator.py);
-                # a stop signal meanwhile stays pending for the new image.
-                from .allocator import ensure_allocator
+        words = sys.argv[1:] if argv is None else list(argv)
+        signals = _stop_signals(words)
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+        preloaded = None
+        if argv is None and _command(words) == "serve":
+            # Run as a program: may re-execute itself with a faster malloc (allocator.py),
+            # before the parser imports the server (numpy, gRPC, the engine), which the new
+            # image would import again.
+            from .allocator import requested
 
-                with signals.blocked() if signals else contextlib.nullcontext():
-                    ensure_allocator(args.allocator)
+            preloaded = requested(words)
+            _ensure_allocator(preloaded, signals)
+        args = build_parser().parse_args(argv)
+        if args.verbose:
+            logging.getLogger().setLevel(logging.DEBUG)
+        if args.command == "serve":
+            if argv is None and args.allocator != preloaded:
+                _ensure_allocator(args.allocator, signals)  # an abbreviated --allocator
             return cmd_serve(args, signals)
         return int(args.func(args))
     except ZephonError as exc:
@@ -435,12 +440,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The sub-command a command line names (its first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def _stop_signals(argv: Sequence[str]) -> StopSignals | None:
     """Stop-signal handling for ``serve`` run from the main thread (None otherwise)."""
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command != "serve" or threading.current_thread() is not threading.main_thread():
+    if _command(argv) != "serve" or threading.current_thread() is not threading.main_thread():
         return None
     return StopSignals.install()
+
+
+def _ensure_allocator(choice: str, signals: StopSignals | None) -> None:
+    """:func:`~.allocator.ensure_allocator` with the stop signals blocked: one that arrives
+    meanwhile stays pending for the re-executed image."""
+    from .allocator import ensure_allocator
+
+    with signals.blocked() if signals else contextlib.nullcontext():
+        ensure_allocator(choice)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ explicit ``MALLOC_ARENA_MAX`` or ``GLIBC_TUNABLES=glibc.malloc.arena_max=N`` win
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import platform
@@ -39,7 +38,7 @@ def widen_malloc_arenas(limit: int = ARENA_MAX) -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or user_set_arena_max():
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")  # glibc's soname (find_library would run ldconfig)
         ok = bool(libc.mallopt(_M_ARENA_MAX, limit))
     except (OSError, AttributeError):
         return False
