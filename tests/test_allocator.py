@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,10 @@ def test_serve_preloads_mimalloc_and_the_data_do_not_change(tmp_path, corpus_dir
     with server(args, tmp_path, env={"MIMALLOC_RESET_DELAY": "5"}) as fast:
         assert has_mimalloc(fast.proc.pid), fast.output()  # the same pid, re-executed
         workers = descendants(fast.proc.pid)
+        deadline = time.monotonic() + 30  # workers may still be spawning at SERVING
+        while not workers and time.monotonic() < deadline:
+            time.sleep(0.1)
+            workers = descendants(fast.proc.pid)
         assert workers and all(has_mimalloc(pid) for pid in workers)
         # ... with mimalloc's settings (pages kept), here and in the workers; a setting the
         # user gave wins.

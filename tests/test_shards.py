@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from zephon_server.engine import line_index as line_index_mod
 from zephon_server.engine import shards as shards_mod
 from zephon_server.engine.corpus import write_jsonl, write_parquet
 from zephon_server.engine.datasets import ShardInfo
@@ -82,7 +83,7 @@ def test_line_index_edge_cases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, block: int
 ) -> None:
     # Tiny blocks make newlines fall on block boundaries.
-    monkeypatch.setattr(shards_mod, "_BLOCK", block)
+    monkeypatch.setattr(line_index_mod, "_BLOCK", block)
     path = tmp_path / "edge.jsonl"
     path.write_bytes(data)
     expected = naive_lines(data)

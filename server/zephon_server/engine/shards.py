@@ -42,14 +42,13 @@ ETag, checked by a HEAD before and after every load).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
 import stat as stat_module
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -59,6 +58,7 @@ from .decompression import Frame, decompress_bytes, decompress_shard
 from .errors import DataError, ShardChanged
 from .identity import describe_change, stat_identity
 from .index_dir import IndexDir
+from .line_index import index_lines, line_starts
 from .open_indexes import OpenIndexes
 from .shard_index import IndexEntry, ShardIndex
 from .storage import is_url, shard_io
@@ -85,7 +85,6 @@ DEFAULT_MAX_BYTES = 1 << 30
 #: Line indexes (and other index entries) kept open at once, per cache.
 DEFAULT_MAX_OPEN_INDEXES = 64
 
-_BLOCK = 1 << 22  # bytes scanned per step while indexing (buffers reused: see _Scratch)
 _COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
 _MAX_RUN = 1 << 23  # never read more than this in one pread unless a single row is larger
 _LOCK_STRIPES = 64
@@ -113,96 +112,6 @@ def infer_format(path: str) -> str | None:
         if name.endswith(ext):
             return EXTENSIONS[ext]
     return None
-
-
-def line_starts(data: bytes | bytearray | memoryview) -> np.ndarray:
-    """Row boundaries of an in-memory JSONL buffer (see :func:`index_lines`)."""
-    view = memoryview(data).cast("B")
-    pieces = [np.zeros(1, dtype=np.int64)]
-    with _scratch() as scratch:
-        step = len(scratch.mask)
-        for start in range(0, len(view), step):
-            block = np.frombuffer(view[start : start + step], dtype=np.uint8)
-            pieces.append(scratch.newlines(block, start))
-    last = view[-1] if len(view) else 10
-    return _finish_starts(pieces, len(view), last)
-
-
-def index_lines(path: str) -> np.ndarray:
-    """Build the line index of a plain JSONL file in one buffered pass.
-
-    Returns ``starts`` with ``len(starts) == rows + 1``: row ``i`` is the bytes
-    ``[starts[i], starts[i + 1] - 1)`` (the newline excluded). A final unterminated line gets
-    a virtual newline at ``size``, so the same formula holds. Raises ``OSError``.
-
-    The read buffer and the newline mask are reused across blocks and calls (see
-    :class:`_Scratch`): the only arrays allocated per call are the row offsets themselves.
-    """
-    pieces = [np.zeros(1, dtype=np.int64)]
-    pos = 0
-    last = 10
-    with _scratch() as scratch, open(path, "rb", buffering=0) as fh:
-        while True:
-            n = fh.readinto(scratch.data.data)  # the array's memoryview
-            if not n:
-                break
-            block = scratch.data[:n]
-            pieces.append(scratch.newlines(block, pos))
-            last = int(block[-1])
-            pos += n
-    return _finish_starts(pieces, pos, last)
-
-
-class _Scratch:
-    """The buffers one line scan reuses for every block: the bytes read and the newline mask.
-
-    Allocating them per shard was the start-up's allocator trap: a ``bytearray(16 MiB)`` is
-    16 MiB + 1 byte, above mimalloc 2.0's largest "large" object, so every shard got a fresh
-    mapping from the kernel (a page fault per 4 KiB, zeroed) that was unmapped again on free,
-    while glibc kept it on its heap (``docs/decisions.md``, "Start-up under mimalloc"). Up to
-    :data:`_SCRATCH_KEPT` of them are kept for the next scans; pages are committed only as
-    blocks touch them, so indexing small shards keeps only their size resident.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.data = np.empty(size, dtype=np.uint8)
-        self.mask = np.empty(size, dtype=np.bool_)
-
-    def newlines(self, block: np.ndarray, offset: int) -> np.ndarray:
-        """``offset`` + 1 + the position of every ``\\n`` in ``block``: the row starts it
-        ends (``int64``, the one array allocated per block)."""
-        mask = self.mask[: len(block)]
-        np.equal(block, 10, out=mask)
-        found = np.flatnonzero(mask)  # intp: int64 on every 64-bit platform numpy supports
-        found = found.astype(np.int64, copy=False)
-        np.add(found, offset + 1, out=found)
-        return found
-
-
-_SCRATCH_KEPT = 2  # scans at once that reuse buffers; more allocate their own
-_scratch_pool: list[_Scratch] = []
-_scratch_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _scratch() -> Iterator[_Scratch]:
-    """A :class:`_Scratch` from the pool (or a new one), returned to the pool afterwards."""
-    with _scratch_lock:
-        scratch = _scratch_pool.pop() if _scratch_pool else None
-    if scratch is None or len(scratch.data) != _BLOCK:  # (tests change _BLOCK)
-        scratch = _Scratch(_BLOCK)
-    try:
-        yield scratch
-    finally:
-        with _scratch_lock:
-            if len(_scratch_pool) < _SCRATCH_KEPT:
-                _scratch_pool.append(scratch)
-
-
-def _finish_starts(pieces: list[np.ndarray], size: int, last: int) -> np.ndarray:
-    if size and last != 10:
-        pieces.append(np.array([size + 1], dtype=np.int64))
-    return np.concatenate(pieces)
 
 
 def _decompress(path: str, fmt: str, frames: list[Frame] | None = None) -> bytes | bytearray:
