@@ -127,3 +127,35 @@ def test_explain_never_shows_storage_secrets(tmp_path, s3, stream_config, corpus
     assert "shards=4" in res.stdout
     assert "storage_options: {'access_key': 'zephon-test-key', 'secret_key': '***'" in res.stdout
     assert secret not in res.stdout + res.stderr
+
+
+def test_an_s3_index_directory_is_shared_by_zephon_index_and_later_starts(
+    s3, corpus_dir, stream_config, stream_expected, tmp_path
+):
+    bucket = s3.bucket(f"idx-{uuid.uuid4().hex[:12]}")
+    s3.upload_tree(corpus_dir, bucket, "corpus")
+    cfg = s3_config(stream_config, bucket, tmp_path / "s3.yaml")
+    index = f"s3://{bucket}/zephon-index"
+    built = zephon(["index", "--config", str(cfg), "--index-dir", index], s3.env(), tmp_path)
+    assert built.returncode == 0, built.stderr
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    entries = [k for k in keys if k.startswith("zephon-index/entries/")]
+    catalogs = [k for k in keys if k.startswith("zephon-index/catalogs/")]
+    shards = [k for k in keys if k.startswith("corpus/")]
+    assert len(entries) == len(shards) and len(catalogs) == len(stream_config_datasets(cfg))
+    assert not any(".probe." in k for k in keys)  # the writability probe is cleaned up
+    # A later start (another server of the job) counts from the shared catalog, and serves
+    # the same batches as a cold local start.
+    warm = zephon(["explain", "--config", str(cfg), "--index-dir", index], s3.env(), tmp_path)
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stderr.count("row counts from the index catalog") == len(catalogs), warm.stderr
+    assert f"shard index: {index}" in warm.stdout
+    with server(["--config", str(cfg), "--index-dir", index], tmp_path, env=s3.env()) as srv:
+        for lane, expected in stream_expected.items():
+            batches, end = read_lane(srv.stub(), lane)
+            assert end is not None
+            assert [b.chain_digest.hex() for b in batches] == expected
+
+
+def stream_config_datasets(cfg: Path) -> list:
+    return yaml.safe_load(cfg.read_text())["datasets"]

@@ -60,7 +60,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     """Build every dataset's index entries and catalog; prints one summary line."""
     from .cli import load_pipeline
     from .engine.index_builder import build_index, list_jobs
-    from .engine.index_dir import NONE, open_index_dir, write_problem
+    from .engine.index_dir import NONE, location_write_problem, open_index_dir
     from .engine.shard_index import ShardIndex
     from .engine.shards import ShardCache
     from .progress import ProgressBar, human_bytes
@@ -75,10 +75,10 @@ def cmd_index(args: argparse.Namespace) -> int:
             "zephon index: --index-dir none keeps the shard index in memory only, so there is "
             "nothing to build; give a directory (--index-dir DIR)"
         )
-    problem = write_problem(os.path.abspath(where))
+    problem = location_write_problem(where)
     if problem is not None:
         raise ZephonError(
-            f"zephon index: cannot write in index directory {os.path.abspath(where)} "
+            f"zephon index: cannot write in index directory {where} "
             f"({problem}); make it writable or pass another --index-dir"
         )
     store = open_index_dir(where)

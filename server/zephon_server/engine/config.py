@@ -33,6 +33,7 @@ from .errors import ConfigError
 from .execution import ExecutionConfig
 from .ops import OPERATORS
 from .pipeline import Pipeline
+from .storage.location import is_url
 
 TOP_LEVEL_KEYS = (
     "seed",
@@ -127,7 +128,7 @@ def _index_dir(value: Any, base_dir: str) -> str | None:
             f"index_dir: must be a directory path or 'none' (keep the shard index in memory "
             f"only), got {value!r}"
         )
-    if value == "none":
+    if value == "none" or is_url(value):
         return value
     return os.path.join(base_dir, os.path.expanduser(value))
 

@@ -11,6 +11,11 @@ directory (an object-store prefix) means changing this one class.
   ``.*.tmp`` file behind, which :meth:`IndexDir.sweep_temporary` removes once it is old.
 * Memory only (``root`` None, ``--index-dir none``): entries live in this process's memory,
   as every index did before the index directory existed.
+* An object-store prefix (``s3://bucket/zephon-index/``): blobs are objects under it, read
+  whole with ranged GETs and written with one PUT each (an S3 PUT replaces an object
+  atomically, so readers and concurrent writers of the same name see one whole version);
+  every server of a job and every restart share it. Requests go through the storage layer
+  (retries, metrics, the standard AWS configuration: :mod:`.storage`).
 * A directory that cannot be written (permissions, a read-only mount, a full disk) is a
   warning, never a crash: entries already in it are still read, new ones are kept in memory.
 
@@ -193,6 +198,79 @@ class IndexDir:
         )
 
 
+class ObjectIndexDir(IndexDir):
+    """An :class:`IndexDir` whose blobs are objects below an object-store prefix."""
+
+    def __init__(self, root: str | None, *, writable: bool = True) -> None:
+        super().__init__(None, writable=False)
+        self.root = (root or "").rstrip("/")
+        self.writable = writable
+
+    def _store(self) -> tuple[Any, str]:
+        from .storage.store import shard_store
+
+        return shard_store(self.root + "/")
+
+    def describe(self) -> str:
+        return str(self.root) if self.writable else f"{self.root} (read-only: new entries in memory)"
+
+    def where(self, name: str) -> str:
+        return f"<memory>/{name}" if name in self._memory else f"{self.root}/{name}"
+
+    def get(self, name: str) -> bytes | None:
+        from .storage.retry import StorageRequestError
+
+        with self._lock:
+            kept = self._memory.get(name)
+        if kept is not None:
+            return kept
+        store, prefix = self._store()
+        try:
+            return bytes(store.read_all(prefix + name))
+        except StorageRequestError as exc:
+            if exc.outcome != "not_found":
+                logger.warning(
+                    "cannot read index object %s (%s); rebuilding it", self.where(name), exc
+                )
+            return None
+
+    def open_mapped(self, name: str) -> Buffer | None:
+        data = self.get(name)
+        return None if data is None else memoryview(data)
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        from .storage.retry import StorageRequestError
+
+        if self.writable:
+            store, prefix = self._store()
+            try:
+                store.write_atomic(prefix + name, bytes(data))
+                return
+            except StorageRequestError as exc:
+                self._stop_writing(f"writing {self.where(name)} failed: {exc}")
+        with self._lock:
+            self._memory[name] = bytes(data)
+
+    def sweep_temporary(self, older_than: float = STALE_TMP_SECONDS) -> int:
+        return 0  # a PUT leaves no temporary object behind
+
+
+def _object_write_problem(root: str) -> str | None:
+    """Why no object can be written below ``root`` (None: a probe object was written and
+    deleted)."""
+    from .storage.retry import StorageRequestError
+    from .storage.store import shard_store
+
+    store, prefix = shard_store(root.rstrip("/") + "/")
+    probe = f"{prefix}.probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    try:
+        store.write_atomic(probe, b"zephon")
+        store.delete(probe)
+    except StorageRequestError as exc:
+        return str(exc)
+    return None
+
+
 _opened: dict[str, IndexDir] = {}
 _opened_lock = threading.Lock()
 
@@ -207,17 +285,29 @@ def open_index_dir(location: str | None) -> IndexDir | None:
     """
     if location is None or location == NONE:
         return None
-    root = os.path.abspath(os.path.expanduser(location))
+    from .storage.location import is_url
+
+    remote = is_url(location)
+    root = location.rstrip("/") if remote else os.path.abspath(os.path.expanduser(location))
     with _opened_lock:
         found = _opened.get(root)
         if found is None:
-            found = _opened[root] = IndexDir(root)
-            problem = write_problem(root)
+            found = _opened[root] = ObjectIndexDir(root) if remote else IndexDir(root)
+            problem = _object_write_problem(root) if remote else write_problem(root)
             if problem is not None:
                 found._stop_writing(problem)
             else:
                 logger.info("shard index directory %s", root)
         return found
+
+
+def location_write_problem(location: str) -> str | None:
+    """:func:`write_problem` of a local directory or an object-store prefix."""
+    from .storage.location import is_url
+
+    if is_url(location):
+        return _object_write_problem(location)
+    return write_problem(os.path.abspath(os.path.expanduser(location)))
 
 
 def write_problem(root: str) -> str | None:
