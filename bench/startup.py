@@ -493,6 +493,16 @@ def run(
             runs += run_case(case, support, rnd, order, work_dir)
     log.info("start-up: read rates")
     rates = read_rates(ref, support, work_dir, rounds=min(rounds, 3))
+    log.info("start-up: tokens/s from S3 on loopback vs local disk")
+    from . import storage_rate
+
+    storage = storage_rate.measure(
+        ref.files,
+        bpe_tokenizer(Path(ref.files[0]).parent, tokenizer),
+        work_dir / "storage",
+        rounds=min(rounds, 3),
+        seconds=10.0 if quick else 20.0,
+    )
     return {
         "index_dir": support.index_dir,
         "index_cmd": support.index_cmd,
@@ -501,9 +511,8 @@ def run(
         "runs": runs,
         "index_rate": rates,
         "method": method(support, rounds),
-        "storage": "Steady-state tokens/s from an S3 server on loopback vs the same corpus on "
-        "local disk: not measured yet (`bench.startup.steady_rate(dataset, ...)` takes a path "
-        "or URL).",
+        "storage": storage_rate.summary(storage),
+        "storage_rates": storage,
     }
 
 

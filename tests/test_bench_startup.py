@@ -202,3 +202,20 @@ def test_the_server_cpu_to_serving_is_a_column_when_measured():
     assert sr.runs_table({"runs": runs}).endswith("| 60 MB | 2.00 s |")
     unmeasured = [run("100 shards", "system", 0, 1.0)]  # results from before the column
     assert sr.runs_table({"runs": unmeasured}).endswith("| 60 MB |  |")
+
+
+def test_the_storage_ratio_is_the_median_of_per_round_ratios() -> None:
+    from bench import storage_rate
+
+    section = {
+        "corpus": "8 JSONL shards, 304 MB",
+        "seconds": 20.0,
+        "local": [100.0, 200.0, 0.0],
+        "s3": [99.0, 178.0, 50.0],
+        "ratios": storage_rate.ratio_rounds([100.0, 200.0, 0.0], [99.0, 178.0, 50.0]),
+    }
+    assert section["ratios"] == [0.99, 0.89, None]
+    text = storage_rate.summary(section)
+    assert "**0.94x**" in text and "missed" in text  # median of 0.99 and 0.89
+    section["s3"], section["ratios"] = [99.0, 199.0], [0.99, 0.995]
+    assert "met" in storage_rate.summary(section)

@@ -209,7 +209,7 @@ class ObjectIndexDir(IndexDir):
     def _store(self) -> tuple[Any, str]:
         from .storage.store import shard_store
 
-        return shard_store(self.root + "/")
+        return shard_store((self.root or "") + "/")
 
     def describe(self) -> str:
         return str(self.root) if self.writable else f"{self.root} (read-only: new entries in memory)"
