@@ -212,7 +212,9 @@ class ObjectIndexDir(IndexDir):
         return shard_store((self.root or "") + "/")
 
     def describe(self) -> str:
-        return str(self.root) if self.writable else f"{self.root} (read-only: new entries in memory)"
+        return (
+            str(self.root) if self.writable else f"{self.root} (read-only: new entries in memory)"
+        )
 
     def where(self, name: str) -> str:
         return f"<memory>/{name}" if name in self._memory else f"{self.root}/{name}"
