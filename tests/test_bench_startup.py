@@ -219,3 +219,15 @@ def test_the_storage_ratio_is_the_median_of_per_round_ratios() -> None:
     assert "**0.94x**" in text and "missed" in text  # median of 0.99 and 0.89
     section["s3"], section["ratios"] = [99.0, 199.0], [0.99, 0.995]
     assert "met" in storage_rate.summary(section)
+
+
+def test_the_index_rate_is_read_from_zephon_index_s_summary_line() -> None:
+    from bench.startup import reported_rate
+
+    line = (
+        "indexed 8 shards of 1 dataset(s) in /tmp/i: 8 built, 0 already indexed; 61000 rows, "
+        "304.0 MB (304.0 MB read) in 0.4 s (716.3 MB/s)"
+    )
+    assert reported_rate(line) == 716.3e6
+    assert reported_rate("indexed 0 shards ... (12 B/s)") == 12.0
+    assert reported_rate("no rate here") is None
