@@ -5,7 +5,7 @@ Every read and write of the index goes through one :class:`IndexDir` (``get``,
 directory (an object-store prefix) means changing this one class.
 
 * A local directory: entries are files under it, named by the caller (``entries/ab/....zsi``);
-  ``put_atomic`` writes a temporary file next to the target, fsyncs it and renames it over the
+  ``put_atomic`` writes a temporary file next to the target and renames it over the
   target, so a reader sees the old file, the new one or none, never a torn one, and two
   writers of the same name (same content) never corrupt it. A kill leaves at most a
   ``.*.tmp`` file behind, which :meth:`IndexDir.sweep_temporary` removes once it is old.
@@ -65,6 +65,7 @@ class IndexDir:
         self.root = os.path.abspath(root) if root is not None else None
         self.writable = writable and root is not None
         self._memory: dict[str, bytes] = {}
+        self._made: set[str] = set()  # directories known to exist (created once)
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -127,7 +128,7 @@ class IndexDir:
             return None
 
     def put_atomic(self, name: str, data: bytes) -> None:
-        """Store ``data`` as blob ``name``: temp file, fsync, rename (in memory when the
+        """Store ``data`` as blob ``name``: temp file, rename (in memory when the
         directory is not writable; a failed write warns once and switches to memory)."""
         if self.writable and self.root is not None:
             try:
@@ -162,8 +163,15 @@ class IndexDir:
         return removed
 
     def _write_file(self, target: str, data: bytes) -> None:
+        """Temp file + rename, without ``fsync``: a blob is derived data sealed by a checksum,
+        so the rename (readers and concurrent writers see a whole file or none) is all that
+        correctness needs; a crash before the data reached the disk leaves an empty or torn
+        file, which fails its checksum and is rebuilt with a warning. Syncing every entry cost
+        about a third of a cold start over many small shards (``docs/decisions.md``)."""
         directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
+        if directory not in self._made:
+            os.makedirs(directory, exist_ok=True)
+            self._made.add(directory)
         tmp = os.path.join(
             directory, f".{os.path.basename(target)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         )
@@ -173,7 +181,6 @@ class IndexDir:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, target)
