@@ -11,7 +11,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO
+from io import FileIO
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def index_lines(path: str) -> np.ndarray:
         return _scan_overlapped(fh)
 
 
-def _scan(fh: BinaryIO, read: Callable[[_Scratch], int]) -> np.ndarray:
+def _scan(fh: FileIO, read: Callable[[_Scratch], int]) -> np.ndarray:
     """Read and scan block after block with one buffer (small files)."""
     pieces = [np.zeros(1, dtype=np.int64)]
     pos = 0
@@ -62,7 +62,7 @@ def _scan(fh: BinaryIO, read: Callable[[_Scratch], int]) -> np.ndarray:
     return _finish_starts(pieces, pos, last)
 
 
-def _scan_overlapped(fh: BinaryIO) -> np.ndarray:
+def _scan_overlapped(fh: FileIO) -> np.ndarray:
     """Scan each block while the next one is being read (two buffers, one reader thread):
     both the read and the scan release the GIL, so a file is indexed at about the slower of
     the disk and the scan instead of their sum."""
