@@ -13,7 +13,6 @@ so an operator holding one can cross into a spawned worker or a Ray actor.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -109,24 +108,9 @@ class LocalStore:
             return fh.read()
 
     def write_atomic(self, key: str, data: bytes) -> None:
-        directory = os.path.dirname(key) or "."
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, key)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        from ..checkpoint import write_atomic  # temp file, fsync, rename, fsync the directory
+
+        write_atomic(key, data)
 
     def delete(self, key: str) -> None:
         try:
