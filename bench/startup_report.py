@@ -259,3 +259,18 @@ def rate_text(rate: dict[str, Any]) -> str:
         f"a dropped file read at {check['cold_rate'] / 1e6:.0f} MB/s, the same file from the "
         f"page cache at {check['warm_rate'] / 1e6:.0f} MB/s. {rate.get('note', '')}".rstrip()
     )
+
+
+def replace_section(page: str, section: dict[str, Any], provenance: str) -> str:
+    """``page`` (docs/benchmarks.md) with its ``## Start-up`` section replaced by this one
+    (inserted before ``## Other figures`` when it has none), every other line kept: a
+    start-up run alone must not re-render the figures of another run."""
+    lines = page.split("\n")
+    new = markdown(section)
+    new[1:1] = ["", provenance]
+    start = next((i for i, line in enumerate(lines) if line == "## Start-up"), None)
+    if start is None:
+        at = next((i for i, line in enumerate(lines) if line == "## Other figures"), len(lines))
+        return "\n".join([*lines[:at], *new, *lines[at:]])
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join([*lines[:start], *new, *lines[end:]])

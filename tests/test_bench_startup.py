@@ -231,3 +231,21 @@ def test_the_index_rate_is_read_from_zephon_index_s_summary_line() -> None:
     assert reported_rate(line) == 716.3e6
     assert reported_rate("indexed 0 shards ... (12 B/s)") == 12.0
     assert reported_rate("no rate here") is None
+
+
+def test_publishing_start_up_alone_replaces_only_its_section() -> None:
+    from bench import startup_report
+
+    page = (
+        "# Benchmarks\n\n## Targets\n\n| old |\n\n## Start-up\n\nold start-up\n\n"
+        "## Other figures\n\nkept\n"
+    )
+    section = {"method": ["how"], "runs": [], "storage": "S3 line"}
+    out = startup_report.replace_section(page, section, "from its own run")
+    assert "| old |" in out and "kept" in out and "old start-up" not in out
+    assert out.index("## Start-up") < out.index("from its own run") < out.index("S3 line")
+    assert out.index("S3 line") < out.index("## Other figures")
+    # A page without the section gets it before "Other figures".
+    bare = page.replace("## Start-up\n\nold start-up\n\n", "")
+    out = startup_report.replace_section(bare, section, "from its own run")
+    assert out.index("## Targets") < out.index("## Start-up") < out.index("## Other figures")
