@@ -1,11 +1,20 @@
-# The one command surface: run, test, lint, proto, bench, docker.
-PYTHON ?= python3
+# The one command surface: run, test, unit, lint, proto, bench, docker.
+#
+# Everything installs into the project's own virtual environment (.venv), made from the first
+# `python3` on PATH (BASE_PYTHON=... picks another; it must be 3.11 or newer), so a stock
+# Debian/Ubuntu Python, whose pip refuses to touch the system, works as well as pyenv or conda.
+BASE_PYTHON ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
-STAMP := .install.stamp
+STAMP := $(VENV)/.install.stamp
 
-.PHONY: install run test lint typecheck pytest numpy-venvs bench proto docker clean
+.PHONY: install system-deps run test unit lint typecheck pytest numpy-venvs bench proto docker clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
+	@bash tools/make-venv.sh $(BASE_PYTHON) $(VENV)
+
+$(STAMP): pyproject.toml $(VENV)/bin/python
 	$(PIP) install --quiet --disable-pip-version-check -e '.[server,dev,ray]'
 	# The optional PyTorch adapter is tested too: the CPU build pinned here is the one these
 	# machines carry locally (an unpinned torch would pull a multi-GB CUDA build).
@@ -27,18 +36,23 @@ lint: install
 	$(PYTHON) -m ruff format --check server client tests bench examples tools docker
 	$(PYTHON) -m mypy server/zephon_server client/zephon_client
 
-pytest: install numpy-venvs
+# System tools the tests use (Prometheus, mimalloc, Docker and its base image): Debian
+# packages, so this needs root; quiet when everything is there.
+system-deps:
+	bash tools/install-system-deps.sh
+
+pytest: install numpy-venvs system-deps
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
-# A second interpreter with numpy 1.x (the system one has 2.x), for the test that the data
-# order does not depend on numpy (tests/test_numpy_versions.py). It sees the system packages
-# (tokenizers, grpc, yaml) and shadows numpy and pyarrow (pyarrow 26 needs numpy 2; 25.0.1 is
+# A second interpreter with numpy 1.x (the project's has 2.x), for the test that the data
+# order does not depend on numpy (tests/test_numpy_versions.py). It sees the project
+# environment's packages (tokenizers, grpc, yaml) and shadows numpy and pyarrow (pyarrow 26 needs numpy 2; 25.0.1 is
 # runs on numpy 1.26). Made once; pip's cache keeps a rebuild cheap.
 NUMPY1_VENV := build/numpy1-venv
 numpy-venvs: $(NUMPY1_VENV)/.ready
 
-$(NUMPY1_VENV)/.ready:
-	$(PYTHON) -m venv --system-site-packages $(NUMPY1_VENV)
+$(NUMPY1_VENV)/.ready: $(STAMP)
+	@bash tools/make-venv.sh $(PYTHON) $(NUMPY1_VENV) --over
 	$(NUMPY1_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		'numpy==1.26.4' 'pyarrow==25.0.1'
 	$(NUMPY1_VENV)/bin/python -c "import numpy, pyarrow, tokenizers, yaml; \
@@ -65,4 +79,4 @@ docker:
 	docker build --build-arg BASE_IMAGE=$$(cat .ci/base-image 2>/dev/null || echo python:3.11-slim) -f docker/Dockerfile -t zephon:latest .
 
 clean:
-	rm -rf $(STAMP) build *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
