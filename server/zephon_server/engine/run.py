@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 #: Tombstone reasons that mean "a bad record was skipped" (``on_error: skip``): it could not
 #: be decoded, read or tokenized, or it is larger than the dataset's ``max_document_bytes``.
+#: At most this many chunks of a lane starting at an epoch boundary are fed before the other
+#: lanes get theirs (bounds how long one lane's first batch can hold back the next lane's).
+FIRST_BATCH_CHUNKS = 4
+
 SKIP_REASONS = ("malformed", "read_error", "tokenize_error", "too_large")
 
 
@@ -186,6 +190,25 @@ class PipelineRun:
 
     def _epoch_end(self, chunk: int) -> int:
         return (chunk // self.k + 1) * self.k if self.k else chunk + 1
+
+    def _first_batch_priority(self, targets: dict[int, tuple[int, ...]]) -> dict[int, int]:
+        """Lane -> the chunk id before which the source feeds it first (see LaneSource).
+
+        Every lane is fed first, one at a time in lane order, until its first batch is out, so
+        the first batch a trainer asks for waits for its own lane's chunks, not for a round of
+        every lane's. A resumed lane gets at most the chunk after its replay cursor's (cached,
+        then usually enough); a lane starting at an epoch boundary (a fresh start) at most
+        :data:`FIRST_BATCH_CHUNKS` chunks. A lane that needs more gets it in the
+        round-robin after. The order lanes are fed in never changes a lane's stream.
+        """
+        out = {}
+        for lane, log_ in self.logs.items():
+            cursor = targets.get(lane)
+            if cursor is not None:
+                out[lane] = min(self._epoch_end(cursor[0]), cursor[0] + 2)
+            else:
+                out[lane] = log_.start.boundary_chunk + FIRST_BATCH_CHUNKS
+        return out
 
     def _boundary(self, log_: LaneLog, next_seq: int) -> int | None:
         """The epoch boundary (chunk id) a resume at ``next_seq`` regenerates the lane from;
@@ -367,13 +390,7 @@ class PipelineRun:
             start_chunks={lane: log.start.boundary_chunk for lane, log in self.logs.items()},
             max_chunks_per_lane=self.max_chunks_per_lane,
             gate=self.gate,
-            # Resumed lanes are fed first, one at a time, through the chunk after their replay
-            # cursor's (cached, then usually enough for the lane's first batch) or until their
-            # first batch is out; a lane that needs more gets it in the round-robin after.
-            replay_first={
-                lane: min(self._epoch_end(cursor[0]), cursor[0] + 2)
-                for lane, cursor in targets.items()
-            },
+            replay_first=self._first_batch_priority(targets),
             delivered=self._delivered_lanes,
             on_chunk=None
             if cache is None
