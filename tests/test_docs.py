@@ -169,7 +169,11 @@ class PageRun:
         self.workdir = workdir
         bindir = workdir / ".bin"
         bindir.mkdir()
-        (bindir / "python").symlink_to(sys.executable)
+        # A script, not a symlink: a symlink to a virtual environment's python outside the
+        # environment's bin/ would not find its pyvenv.cfg and lose the environment's packages.
+        python = bindir / "python"
+        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
         zephon = bindir / "zephon"
         zephon.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m zephon_server.cli "$@"\n')
         zephon.chmod(0o755)
