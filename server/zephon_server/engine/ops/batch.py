@@ -2,8 +2,11 @@
 
 Rows of different lengths are padded to the longest row of the batch (``input_ids`` with the
 tokenizer's pad id, ``labels`` with -100, everything else with 0) and a boolean
-``padding_mask`` marks real tokens. Tombstones do not take a row: they ride along with the
-next batch of their lane so every document's closing is visible in the output.
+``padding_mask`` marks real tokens. Per-row tensors that are not aligned with the tokens
+(:data:`~.trainer_tensors.ROW_TENSORS`: ``cu_seqlens``, ``num_docs``, ``max_seqlen``) are
+stacked as they are into ``[B, ...]``; they must have one shape in every row. Tombstones do
+not take a row: they ride along with the next batch of their lane so every document's closing
+is visible in the output.
 
 With ``drop_last=True`` (the default) the accumulator never emits a partial batch: at a flush
 sentinel it *stalls* (the only operator allowed to), and at the end of a lane the partial
@@ -17,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ContractError
 from ..records import SampleBatch
 from .accumulators import Accumulator, CountingAccumulator, MicroBatch
 from .base import OpContext, Operator, OpTraits
+from .trainer_tensors import ROW_TENSORS
 
 PAD_VALUES = {"labels": -100}
 
@@ -69,6 +73,17 @@ def pad_rows(name: str, rows: Sequence[np.ndarray], length: int, pad_id: int) ->
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
     return out
+
+
+def stack_rows(name: str, rows: Sequence[np.ndarray]) -> np.ndarray:
+    """Stack per-row tensors of one shape into ``[len(rows), *shape]`` (ContractError else)."""
+    shapes = {row.shape for row in rows}
+    if len(shapes) > 1:
+        raise ContractError(
+            f"operator 'batch': per-row tensor {name!r} has different shapes in one batch "
+            f"({sorted(shapes)}); every row must give it the same shape"
+        )
+    return np.stack(rows)
 
 
 class Batch(Operator):
@@ -129,7 +144,11 @@ class Batch(Operator):
             names = sorted(k for k, v in rows[0].payload.items() if isinstance(v, np.ndarray))
             length = max(len(r.payload["input_ids"]) for r in rows)
             for name in names:
-                tensors[name] = pad_rows(name, [r.payload[name] for r in rows], length, self._pad)
+                values = [r.payload[name] for r in rows]
+                if name in ROW_TENSORS:
+                    tensors[name] = stack_rows(name, values)
+                else:
+                    tensors[name] = pad_rows(name, values, length, self._pad)
             if "padding_mask" not in tensors:
                 mask = np.zeros((len(rows), length), dtype=np.bool_)
                 for i, r in enumerate(rows):

@@ -33,6 +33,12 @@ with reason ``oversized``. Empty records (no tokens) become tombstones with reas
 Tombstones (arriving or made here) pass straight through, in arrival order relative to the rows
 emitted by the same ``push_many`` call, without touching any bin.
 
+Trainer tensors (off by default; see :mod:`.trainer_tensors`): ``emit_labels`` adds next-token
+``labels`` from the row's own segments and ``loss_mask``; ``emit_cu_seqlens`` adds
+``cu_seqlens``/``num_docs``/``max_seqlen`` and needs ``max_docs_per_row``, which also limits
+the packing itself (a bin closes at that many pieces). An input that already carries ``labels``
+with ``emit_labels`` on is a contract error (two sources of labels).
+
 At a flush sentinel the lane's open bins are emitted (partial; ``pack_flat`` pads them) and the
 lane is reset to a fresh state; other lanes are untouched.
 """
@@ -49,6 +55,7 @@ from ..records import DocRef, SampleMeta, SampleRecord, Span
 from .accumulators import Accumulator, MicroBatch
 from .base import OpContext, Operator, OpTraits
 from .packing import Bin, LaneBins, PackPolicy
+from .trainer_tensors import DEFAULT_IGNORE_INDEX, TrainerTensorOptions, add_trainer_tensors
 
 #: Aligned per-token fields carried into packed rows, with their padding value.
 CARRIED_FIELDS: dict[str, int] = {"loss_mask": 0, "labels": -100}
@@ -323,6 +330,10 @@ class _PackBase(Operator):
         max_open_bins: int = 8,
         min_useful_length: int | None = None,
         oversized: str = "split",
+        emit_labels: bool = False,
+        ignore_index: int = DEFAULT_IGNORE_INDEX,
+        emit_cu_seqlens: bool = False,
+        max_docs_per_row: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -332,6 +343,14 @@ class _PackBase(Operator):
             max_open_bins=max_open_bins,
             min_useful_length=min_useful_length,
             oversized=oversized,
+            op_name=self.op_name,
+            max_docs_per_row=max_docs_per_row,
+        )
+        self.tensors = TrainerTensorOptions(
+            emit_labels=emit_labels,
+            ignore_index=ignore_index,
+            emit_cu_seqlens=emit_cu_seqlens,
+            max_docs_per_row=max_docs_per_row,
             op_name=self.op_name,
         )
         self._pad = 0
@@ -352,7 +371,12 @@ class _PackBase(Operator):
             "max_open_bins": policy.max_open_bins,
             "min_useful_length": policy.threshold,
             "oversized": policy.oversized,
+            **self.tensors.params(),
         }
+
+    def output_tensors(self) -> tuple[str, ...]:
+        names = ("input_ids", "positions", "segment_ids", *self.tensors.tensor_names())
+        return (*names, "padding_mask") if self.padded else names
 
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=False, fusable=False)
@@ -364,25 +388,44 @@ class _PackBase(Operator):
     def process_many(self, elems: list[Any]) -> list[Any]:
         continue_positions = self.policy.algorithm == "wrap"
         pad_to = self.policy.max_length if self.padded else None
-        return [
-            SampleRecord(
-                assemble_row(
-                    rec.payload["pieces"],
-                    continue_positions=continue_positions,
-                    pad_to=pad_to,
-                    pad_id=self._pad,
-                    op_name=self.op_name,
-                ),
-                rec.meta,
+        options = self.tensors
+        out = []
+        for rec in elems:
+            pieces = rec.payload["pieces"]
+            row = assemble_row(
+                pieces,
+                continue_positions=continue_positions,
+                pad_to=pad_to,
+                pad_id=self._pad,
+                op_name=self.op_name,
             )
-            for rec in elems
-        ]
+            if options.any:
+                if options.emit_labels and "labels" in row:
+                    raise ContractError(
+                        f"operator {self.op_name!r}: emit_labels is on but the packed records "
+                        "already carry 'labels' (row of record "
+                        f"{rec.meta.cursor} in lane {rec.meta.lane_id}); drop 'labels' from "
+                        "the records or set emit_labels: false"
+                    )
+                row = add_trainer_tensors(row, [n for _, _, n in pieces], options)
+            out.append(SampleRecord(row, rec.meta))
+        return out
 
 
 class PackSequences(_PackBase):
     """Packs a lane's tokenized records into unpadded rows of at most ``max_length`` tokens."""
 
     op_name = "pack_sequences"
+
+    def __init__(self, *, max_length: int, **kwargs: Any) -> None:
+        super().__init__(max_length=max_length, **kwargs)
+        tensors = self.tensors
+        if tensors.emit_labels and tensors.ignore_index != DEFAULT_IGNORE_INDEX:
+            raise ConfigError(
+                f"pack_sequences: ignore_index {tensors.ignore_index} needs pack_flat: batch pads "
+                f"the labels of unequal rows with {DEFAULT_IGNORE_INDEX}; use ignore_index: "
+                f"{DEFAULT_IGNORE_INDEX} or pack_flat"
+            )
 
 
 class PackFlat(_PackBase):
