@@ -24,3 +24,12 @@ def every_third_mask(payload: dict[str, Any]) -> dict[str, Any]:
     """The payload with ``loss_mask`` 1 where the token id is a multiple of 3."""
     ids = np.asarray(payload["input_ids"])
     return {**payload, "loss_mask": (ids % 3 == 0).astype(np.uint8)}
+
+
+def sometimes_empty_mask(payload: dict[str, Any]) -> dict[str, Any]:
+    """Like :func:`completion_mask`, but nothing trained when the first token id is even."""
+    out = completion_mask(payload)
+    ids = payload["input_ids"]
+    if len(ids) and int(ids[0]) % 2 == 0:
+        out["loss_mask"][:] = 0
+    return out

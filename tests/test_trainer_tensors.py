@@ -392,3 +392,50 @@ def test_yaml_pipeline_processes_equal_inline(yaml_oracle):
     got, _ = run_chains(path, ExecutionConfig(runner="processes", workers=2))
     assert got == chains
     assert shm.live_blocks() == 0
+
+
+# -- trained tokens per dataset ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_token_counts_of_packed_batches_per_dataset(algorithm):
+    from collections import Counter
+
+    from zephon_server.engine.token_counts import count_batch_tokens
+
+    inputs = masked(tokenized_stream(0, 60, seed=12, datasets=3), seed=12, density=0.4)
+    # dataset 2's records carry no loss_mask here: all their tokens are trained
+    inputs = [
+        r.with_payload({"input_ids": r.payload["input_ids"]}) if r.meta.dataset_id == 2 else r
+        for r in inputs
+    ]
+    rows = rows_of(run_op(PackFlat(max_length=48, algorithm=algorithm), inputs))
+    tokens: Counter[int] = Counter()
+    trained: Counter[int] = Counter()
+    for start in range(0, len(rows), 4):
+        for batch in run_op(Batch(microbatch_size=4, drop_last=False), rows[start : start + 4]):
+            if isinstance(batch, SampleBatch):
+                count_batch_tokens(batch, tokens, trained)
+    want_tokens: Counter[int] = Counter()
+    want_trained: Counter[int] = Counter()
+    for r in inputs:
+        want_tokens[r.meta.dataset_id] += len(r.payload["input_ids"])
+        mask = r.payload.get("loss_mask")
+        want_trained[r.meta.dataset_id] += (
+            len(r.payload["input_ids"]) if mask is None else int(mask.sum())
+        )
+    assert tokens == want_tokens and trained == want_trained
+    assert trained[2] == tokens[2] and trained[0] < tokens[0] and trained[1] < tokens[1]
+
+
+def test_batch_gives_rows_without_loss_mask_ones():
+    plain = rows_of(run_op(PackSequences(max_length=30), tokenized_stream(0, 10, seed=2)))
+    with_mask = rows_of(
+        run_op(PackSequences(max_length=30), masked(tokenized_stream(0, 10, seed=3), density=0))
+    )
+    rows = [plain[0], with_mask[0], plain[1]]
+    (batch,) = run_op(Batch(microbatch_size=3), rows)
+    mask, pad = batch.tensors["loss_mask"], batch.tensors["padding_mask"]
+    assert mask.dtype == np.uint8
+    assert (mask[0] == pad[0]).all() and (mask[2] == pad[2]).all()  # trained, padding 0
+    assert not mask[1].any()

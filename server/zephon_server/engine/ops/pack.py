@@ -21,7 +21,9 @@ Row payload (``pack_sequences``, unpadded; the length is the tokens used):
   ``first_fit``/``best_fit`` the pieces of a split oversized record are separate items and
   each restarts at 0 (like the children of ``tokenize(max_length=...)``);
 * ``loss_mask`` and ``labels``, when the input payloads carry them aligned with ``input_ids``:
-  sliced exactly like ``input_ids``. Other payload fields are not carried.
+  sliced exactly like ``input_ids``. A record without ``loss_mask`` packed with records that
+  have one gets ones (pretraining text: every token is trained); ``labels`` must be on every
+  record or none. Other payload fields are not carried.
 
 ``pack_flat`` pads every row to exactly ``max_length``: ``input_ids`` with the pad id (the
 ``pad_id`` parameter, else ``OpContext.pad_id`` from ``setup``), ``positions``/``segment_ids``/
@@ -244,24 +246,9 @@ def _assemble(
         "segment_ids": np.repeat(np.arange(1, count + 1, dtype=np.int32), lengths),
     }
     for name in CARRIED_FIELDS:
-        present = [name in p for p, _, _ in pieces]
-        if not any(present):
-            continue
-        if not all(present):
-            raise ContractError(
-                f"operator {op_name!r}: some packed records carry {name!r} and others do not; "
-                f"give every record a {name!r} aligned with its input_ids, or none"
-            )
-        parts = []
-        for p, s, n in pieces:
-            arr = np.asarray(p[name])
-            if len(arr) != len(p["input_ids"]):
-                raise ContractError(
-                    f"operator {op_name!r}: {name!r} has {len(arr)} entries but input_ids has "
-                    f"{len(p['input_ids'])}; it must be aligned with input_ids token for token"
-                )
-            parts.append(arr[s : s + n])
-        payload[name] = np.concatenate(parts)
+        carried = _carried(name, pieces, op_name)
+        if carried is not None:
+            payload[name] = carried
     if pad_to is None:
         return payload
     padded: dict[str, np.ndarray] = {}
@@ -272,6 +259,38 @@ def _assemble(
         padded[name] = out
     padded["padding_mask"] = np.arange(pad_to) < total
     return padded
+
+
+def _carried(
+    name: str, pieces: Sequence[tuple[dict[str, Any], int, int]], op_name: str
+) -> np.ndarray | None:
+    """The row's ``name`` field from its pieces, or None when no piece carries it.
+
+    A piece without a ``loss_mask`` among pieces with one gets ones: a record without a loss
+    mask is pretraining text, every token trained. Any other field must be on every piece.
+    """
+    present = [name in p for p, _, _ in pieces]
+    if not any(present):
+        return None
+    if not all(present) and name != "loss_mask":
+        raise ContractError(
+            f"operator {op_name!r}: some packed records carry {name!r} and others do not; "
+            f"give every record a {name!r} aligned with its input_ids, or none"
+        )
+    dtype = next(np.asarray(p[name]).dtype for p, _, _ in pieces if name in p)
+    parts = []
+    for p, s, n in pieces:
+        if name not in p:
+            parts.append(np.ones(n, dtype=dtype))
+            continue
+        arr = np.asarray(p[name])
+        if len(arr) != len(p["input_ids"]):
+            raise ContractError(
+                f"operator {op_name!r}: {name!r} has {len(arr)} entries but input_ids has "
+                f"{len(p['input_ids'])}; it must be aligned with input_ids token for token"
+            )
+        parts.append(arr[s : s + n])
+    return np.concatenate(parts)
 
 
 _CARRIED = frozenset(CARRIED_FIELDS)
