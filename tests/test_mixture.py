@@ -88,12 +88,39 @@ def per_lane(elems):
     return lanes
 
 
+def amount(e, by):
+    """What ``by`` counts for one record (computed here independently of the operator)."""
+    if by == "samples":
+        return 1
+    mask = e.payload.get("loss_mask") if by == "loss_tokens" else None
+    return len(e.payload["input_ids"]) if mask is None else int((mask == 1).sum())
+
+
+#: Trained share per dataset in :func:`with_loss_masks` (None: no loss_mask, all trained).
+MASK_DENSITY = {0: None, 1: 0.2, 2: 0.7}
+
+
+def with_loss_masks(records, seed=0):
+    """Records of dataset 0 without a loss_mask (pretraining), others with a random uint8 one."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for r in records:
+        density = MASK_DENSITY[r.meta.dataset_id]
+        if r.meta.tombstone or density is None:
+            out.append(r)
+            continue
+        n = len(r.payload["input_ids"])
+        mask = (rng.random(n) < density).astype(np.uint8)
+        out.append(r.with_payload({**r.payload, "loss_mask": mask}))
+    return out
+
+
 def max_share_deviation(elems, targets, *, by="tokens", skip=20):
     """Max over positions >= ``skip`` and datasets of |cumulative share - target share|."""
     amounts = np.zeros(len(targets))
     worst = 0.0
     for i, e in enumerate(elems):
-        amounts[e.meta.dataset_id] += len(e.payload["input_ids"]) if by == "tokens" else 1
+        amounts[e.meta.dataset_id] += amount(e, by)
         if i >= skip:
             worst = max(worst, float(np.max(np.abs(amounts / amounts.sum() - targets))))
     return worst
@@ -124,6 +151,29 @@ def test_output_tracks_the_target_much_closer_than_the_input(by):
     assert sorted(e.meta.cursor for e in out) == sorted(r.meta.cursor for r in stream)
     assert max_share_deviation(stream, targets, by=by) > 0.3
     assert max_share_deviation(out, targets, by=by) < 0.1
+
+
+def test_loss_tokens_mode_tracks_trained_token_shares():
+    # trained-token supply per cycle ~ 1000 web, 600 code, 420 books: the target is reachable
+    stream = with_loss_masks(runs_stream(runs=(50, 150, 30), cycles=4), seed=1)
+    targets = np.array(list(WEIGHTS.values()))
+    _, acc = make(by="loss_tokens")
+    out = drive(acc, [stream])
+    assert sorted(e.meta.cursor for e in out) == sorted(r.meta.cursor for r in stream)
+    assert max_share_deviation(out, targets, by="loss_tokens") < 0.1
+    # counting all tokens instead would miss the target: masks train 20% and 70% of them
+    assert max_share_deviation(out, targets, by="tokens") > 0.15
+    _, by_tokens = make(by="tokens")
+    assert max_share_deviation(drive(by_tokens, [stream]), targets, by="loss_tokens") > 0.15
+
+
+def test_loss_tokens_without_masks_is_the_tokens_mode():
+    stream = runs_stream(seed=4)
+    _, a = make(by="loss_tokens")
+    _, b = make(by="tokens")
+    assert [e.meta.cursor for e in drive(a, [stream])] == [
+        e.meta.cursor for e in drive(b, [stream])
+    ]
 
 
 def test_samples_mode_is_smooth_weighted_round_robin_while_every_dataset_has_data():
@@ -301,9 +351,9 @@ def test_sentinel_separates_epochs_and_restarts_the_deficits():
     assert [e.meta.cursor for e in out[at + 1 :]] == [e.meta.cursor for e in fresh]
 
 
-@pytest.mark.parametrize("by", ["tokens", "samples"])
+@pytest.mark.parametrize("by", ["tokens", "samples", "loss_tokens"])
 def test_threads_runner_matches_inline(by):
-    streams = [runs_stream(lane, cycles=2, seed=lane) for lane in range(2)]
+    streams = [with_loss_masks(runs_stream(lane, cycles=2, seed=lane), lane) for lane in range(2)]
     items = [r for pair in zip(*streams) for r in pair]
     inline = per_lane(run(EnsureMixture(by=by, buffer_size=64), items, context()))
     op = EnsureMixture(by=by, buffer_size=64)
@@ -322,12 +372,15 @@ def test_threads_runner_matches_inline(by):
 GOLDEN = {
     "tokens": "22f6fa1e1a74e543a30ddfa8d96df4ffa4bc9109508ea34d08af4fcbc8ce208e",
     "samples": "2a32be29afc7092bc7ec48fc88bba9004f9734304796be0b3611b3a3ca5b1db9",
+    "loss_tokens": "4689b75d4bbb9d4b8f7ecf514aa1e5018523b7f92e6351b93614c2e19abbe6b2",
 }
 
 
 def golden_digest(by):
     ctx = context()
     streams = [runs_stream(lane, cycles=3, seed=lane) for lane in range(2)]
+    if by == "loss_tokens":  # the same records, with loss masks (tokens/samples: none)
+        streams = [with_loss_masks(s, seed=lane) for lane, s in enumerate(streams)]
     items = [r for pair in zip(*streams) for r in pair]
     items.insert(2 * 104, FlushSentinel(0, 13))  # after lane 0's first 13 chunks
     lanes = per_lane(run(EnsureMixture(by=by, buffer_size=64), items, ctx))
@@ -337,6 +390,6 @@ def golden_digest(by):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-@pytest.mark.parametrize("by", ["tokens", "samples"])
+@pytest.mark.parametrize("by", ["tokens", "samples", "loss_tokens"])
 def test_golden(by):
     assert golden_digest(by) == GOLDEN[by]

@@ -292,14 +292,20 @@ def test_pad_id_from_param_or_context(algorithm):
     ]
 
 
-def test_mixed_loss_mask_is_a_contract_error():
+def test_mixed_labels_is_a_contract_error_and_missing_loss_mask_trains_everything():
     a = with_masks([make_rec(0, 0, 3)])[0]
     b = make_rec(0, 1, 3)
     op = PackSequences(max_length=10)
     acc = op.accumulator(deterministic=True, ctx=CTX)
     plans = flat(acc.push_many([a, b]) + acc.flush())
-    with pytest.raises(ContractError, match="loss_mask"):
+    with pytest.raises(ContractError, match="labels"):
         op.process_many(plans)
+    # a record without a loss_mask is pretraining text: its tokens get ones
+    a = a.with_payload({k: v for k, v in a.payload.items() if k != "labels"})
+    plans = flat(acc.push_many([a, b]) + acc.flush())
+    (row,) = op.process_many(plans)
+    assert row.payload["loss_mask"].tolist() == [*a.payload["loss_mask"].tolist(), 1, 1, 1]
+    assert row.payload["loss_mask"].dtype == a.payload["loss_mask"].dtype
 
 
 def test_record_without_input_ids_is_a_contract_error():

@@ -10,6 +10,7 @@ from service_helpers import read_lane, server, write_config
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.hub import LaneHub
+from zephon_server.engine.ops.base import Operator
 
 pytestmark = pytest.mark.service
 
@@ -88,5 +89,60 @@ def test_engine_collector_with_injected_registry(corpus_specs):
         assert registry.get_sample_value(
             "zephon_dataset_target_share", {"dataset": "web"}
         ) == pytest.approx(0.5)
+    finally:
+        hub.stop()
+
+
+class MaskCheck(Operator):
+    """Tombstones records whose loss_mask trains nothing (reason ``mask_empty``), as a chat
+    renderer does under ``on_error: skip``."""
+
+    op_name = "mask_check"
+
+    def process_many(self, elems):
+        return [e.tombstone("mask_empty") if not e.payload["loss_mask"].any() else e for e in elems]
+
+
+def test_dataset_tokens_loss_tokens_and_mask_errors_with_injected_registry(corpus_specs):
+    from loss_masks import sometimes_empty_mask
+
+    from zephon_server.engine.pipeline import Pipeline
+    from zephon_server.engine.records import SampleBatch
+    from zephon_server.service.metrics import ServiceMetrics
+
+    pipe = Pipeline(corpus_specs, lanes=2, chunk_size=8, flush_every_k_chunks=2)
+    pipe.decode_text().tokenize().map_transform(fn=sometimes_empty_mask).apply(MaskCheck())
+    pipe.batch(microbatch_size=3, drop_last=False)  # one document per row
+    hub = LaneHub(pipe, ExecutionConfig(runner="threads", workers=2), max_ahead=100_000)
+    registry = CollectorRegistry()
+    ServiceMetrics(registry, hub)
+    names = [s.name for s in corpus_specs]
+    tokens = dict.fromkeys(names, 0)
+    trained = dict.fromkeys(names, 0)
+    errors = dict.fromkeys(names, 0)
+    hub.start()
+    try:
+        for lane in range(2):
+            for item in hub.open(lane, "c", 0):
+                if not isinstance(item, SampleBatch):
+                    break
+                for i, meta in enumerate(item.rows):
+                    name = names[meta.dataset_id]
+                    tokens[name] += int(item.tensors["padding_mask"][i].sum())
+                    trained[name] += int(item.tensors["loss_mask"][i].sum())
+                for meta in item.tombstones:
+                    errors[names[meta.dataset_id]] += meta.tombstone == "mask_empty"
+                hub.ack(lane, "c", item.seq + 1)
+        for log in hub.run.logs.values():
+            for meta in log.tail_tombstones:
+                errors[names[meta.dataset_id]] += meta.tombstone == "mask_empty"
+        assert all(errors.values()) and all(trained[n] < tokens[n] for n in names)
+        for name in names:
+            labels = {"dataset": name}
+            assert registry.get_sample_value("zephon_dataset_tokens_total", labels) == tokens[name]
+            got = registry.get_sample_value("zephon_dataset_loss_tokens_total", labels)
+            assert got == trained[name]
+            got = registry.get_sample_value("zephon_records_mask_errors_total", labels)
+            assert got == errors[name]
     finally:
         hub.stop()

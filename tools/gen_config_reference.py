@@ -153,6 +153,16 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "`max(1, max_length // 32)`.",
         "oversized": f"One of {_choices(OVERSIZED_POLICIES)}: cut documents longer than "
         "`max_length`, or drop them (tombstone `oversized`).",
+        "emit_labels": "Add `labels`: `input_ids[p + 1]` where `p + 1` is in the same document "
+        "piece and trained (`loss_mask` 1, or no `loss_mask`), else `ignore_index`. Boundaries "
+        "come from the packer, never from EOS ids. Inputs that carry `labels` are an error.",
+        "ignore_index": "Label of ignored positions (last of a piece, padding, untrained "
+        "targets); a negative integer. `pack_sequences` needs -100 (batch padding).",
+        "emit_cu_seqlens": "Add per row `cu_seqlens` (int32 `[max_docs_per_row + 1]`, the last "
+        "value repeated after `num_docs`; padding is not a document), `num_docs` and "
+        "`max_seqlen`. Needs `max_docs_per_row`.",
+        "max_docs_per_row": "At most this many document pieces per row (a row closes when it has "
+        "them). Unset: no limit.",
     },
     "pack_flat": {
         "max_length": "Row length in tokens; every row is padded to exactly this.",
@@ -161,11 +171,17 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "min_useful_length": "As for `pack_sequences`.",
         "oversized": "As for `pack_sequences`.",
         "pad_id": "Padding id for `input_ids`. Unset: the tokenizer's pad id.",
+        "emit_labels": "As for `pack_sequences`.",
+        "ignore_index": "As for `pack_sequences` (any negative integer).",
+        "emit_cu_seqlens": "As for `pack_sequences`; `cu_seqlens[num_docs]` = "
+        "`padding_mask.sum()`.",
+        "max_docs_per_row": "As for `pack_sequences`.",
     },
     "ensure_mixture": {
         "weights": "Dataset name to target weight. Unset: the datasets' `weight`s. Datasets "
         "with weight 0 or left out pass through.",
-        "by": f"One of {_choices(MIXTURE_UNITS)}: what the shares count.",
+        "by": f"One of {_choices(MIXTURE_UNITS)}: what the shares count (`loss_tokens`: trained "
+        "tokens, the `loss_mask` ones; all tokens of a record without one).",
         "buffer_size": "Records buffered per lane while waiting for the most-owed dataset.",
     },
     "shuffle": {

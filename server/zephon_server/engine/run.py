@@ -28,6 +28,7 @@ from .runners.inline import InlineRunner
 from .runners.steps import StepDriver
 from .runners.threads import ThreadsRunner
 from .source import LaneGate, LaneSource
+from .token_counts import count_batch_tokens
 from .work_source import WorkSource
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ class PipelineRun:
         self.tokens_out = 0
         self.tombstones: Counter[tuple[str, str]] = Counter()  # (dataset, reason) -> count
         self.dataset_tokens: Counter[int] = Counter()  # dataset index -> tokens delivered
+        self.dataset_loss_tokens: Counter[int] = Counter()  # dataset index -> trained tokens
 
     def _epoch_end(self, chunk: int) -> int:
         return (chunk // self.k + 1) * self.k if self.k else chunk + 1
@@ -269,6 +271,14 @@ class PipelineRun:
             return {}
         names = self.plan.datasets
         return {names[i].spec.name: n / total for i, n in counts}
+
+    def dataset_token_counts(self) -> dict[str, tuple[int, int]]:
+        """``(tokens, trained tokens)`` delivered per dataset name (see :mod:`.token_counts`)."""
+        with self._lock:
+            tokens = dict(self.dataset_tokens)
+            trained = dict(self.dataset_loss_tokens)
+        names = self.plan.datasets
+        return {names[i].spec.name: (n, trained.get(i, 0)) for i, n in sorted(tokens.items())}
 
     def _starts(self, resume: ResumeState | None) -> dict[int, LaneState]:
         if resume is None:
@@ -422,9 +432,9 @@ class PipelineRun:
                             self._count_tombstones(item.tombstones)
                         if item.rows:
                             with self._lock:
-                                for meta in item.rows:
-                                    for span in meta.spans:
-                                        self.dataset_tokens[span.doc.dataset] += span.length
+                                count_batch_tokens(
+                                    item, self.dataset_tokens, self.dataset_loss_tokens
+                                )
                                 log_.add(item)
                             self._delivered_lanes.add(item.lane_id)
                             self.batches_out += 1

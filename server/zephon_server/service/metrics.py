@@ -237,6 +237,45 @@ class EngineCollector(Collector):
             share.add_metric([d.spec.name], shares.get(d.spec.name, 0.0))
         yield share
         yield target
+        yield from _dataset_token_metrics(run)
+
+
+#: Tombstone reasons starting with this are loss-mask errors (a record with nothing to learn,
+#: or a chat masking nothing): ``zephon_records_mask_errors_total`` counts them per dataset.
+MASK_ERROR_PREFIX = "mask_"
+
+
+def _dataset_token_metrics(run: Any) -> Iterator[Any]:
+    """Per dataset: tokens and trained tokens delivered, records skipped for mask errors."""
+    tokens = CounterMetricFamily(
+        "zephon_dataset_tokens",
+        "Tokens delivered per dataset (padding excluded)",
+        labels=["dataset"],
+    )
+    trained = CounterMetricFamily(
+        "zephon_dataset_loss_tokens",
+        "Trained tokens delivered per dataset (loss_mask 1; all tokens without a loss_mask)",
+        labels=["dataset"],
+    )
+    mask_errors = CounterMetricFamily(
+        "zephon_records_mask_errors",
+        "Records skipped for loss-mask errors (tombstone reasons mask_*), per dataset",
+        labels=["dataset"],
+    )
+    counts = run.dataset_token_counts()
+    errors: dict[str, int] = {}
+    for (dataset, reason), n in dict(run.tombstones).items():
+        if reason.startswith(MASK_ERROR_PREFIX):
+            errors[dataset] = errors.get(dataset, 0) + n
+    for d in run.plan.datasets:
+        name = d.spec.name
+        n, loss = counts.get(name, (0, 0))
+        tokens.add_metric([name], n)
+        trained.add_metric([name], loss)
+        mask_errors.add_metric([name], errors.get(name, 0))
+    yield tokens
+    yield trained
+    yield mask_errors
 
 
 class ReplayCacheCollector(Collector):

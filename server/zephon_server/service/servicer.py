@@ -453,6 +453,5 @@ def _ring_reply_problem(reply: pb.RingReply) -> str:
 def _tensor_names(hub: LaneHub) -> list[str]:
     names = {"input_ids", "padding_mask"}
     for op in hub.plan.ops:
-        if op.op_name in ("pack_flat", "pack_sequences"):
-            names |= {"positions", "segment_ids"}
+        names.update(op.output_tensors())
     return sorted(names)

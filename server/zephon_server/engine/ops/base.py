@@ -122,6 +122,10 @@ class Operator:
         """The data-shaping parameters (they enter the fingerprint and ``explain``)."""
         return {}
 
+    def output_tensors(self) -> tuple[str, ...]:
+        """Names of the row tensors this operator adds (GetInfo's tensor schema); none here."""
+        return ()
+
     def traits(self) -> OpTraits:
         """Declared traits; the default is an order-preserving, fusable, stateless operator."""
         return OpTraits()

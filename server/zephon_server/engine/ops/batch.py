@@ -2,8 +2,12 @@
 
 Rows of different lengths are padded to the longest row of the batch (``input_ids`` with the
 tokenizer's pad id, ``labels`` with -100, everything else with 0) and a boolean
-``padding_mask`` marks real tokens. Tombstones do not take a row: they ride along with the
-next batch of their lane so every document's closing is visible in the output.
+``padding_mask`` marks real tokens. A row without ``loss_mask`` in a batch whose other rows
+have one gets ones (pretraining text: every token is trained). Per-row tensors that are not
+aligned with the tokens (:data:`~.trainer_tensors.ROW_TENSORS`: ``cu_seqlens``,
+``num_docs``, ``max_seqlen``) are stacked as they are into ``[B, ...]``; they must have one
+shape in every row. Tombstones do not take a row: they ride along with the next batch of their
+lane so every document's closing is visible in the output.
 
 With ``drop_last=True`` (the default) the accumulator never emits a partial batch: at a flush
 sentinel it *stalls* (the only operator allowed to), and at the end of a lane the partial
@@ -17,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ContractError
 from ..records import SampleBatch
 from .accumulators import Accumulator, CountingAccumulator, MicroBatch
 from .base import OpContext, Operator, OpTraits
+from .trainer_tensors import ROW_TENSORS
 
 PAD_VALUES = {"labels": -100}
 
@@ -69,6 +74,36 @@ def pad_rows(name: str, rows: Sequence[np.ndarray], length: int, pad_id: int) ->
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
     return out
+
+
+def row_values(name: str, rows: Sequence[Any]) -> list[np.ndarray]:
+    """Every row's ``name`` tensor. A row without ``loss_mask`` among rows with one gets ones
+    (pretraining text: every token trained); any other tensor missing from a row is an error."""
+    values = [r.payload.get(name) for r in rows]
+    missing = [i for i, v in enumerate(values) if v is None]
+    if not missing:
+        return values
+    having = next(r for r, v in zip(rows, values, strict=True) if v is not None)
+    if name != "loss_mask":
+        raise ContractError(
+            f"operator 'batch': row {rows[missing[0]].meta.cursor} has no {name!r} tensor but "
+            f"row {having.meta.cursor} has one; every row of a batch needs the same tensors"
+        )
+    dtype = having.payload[name].dtype
+    for i in missing:
+        values[i] = np.ones(len(rows[i].payload["input_ids"]), dtype=dtype)
+    return values
+
+
+def stack_rows(name: str, rows: Sequence[np.ndarray]) -> np.ndarray:
+    """Stack per-row tensors of one shape into ``[len(rows), *shape]`` (ContractError else)."""
+    shapes = {row.shape for row in rows}
+    if len(shapes) > 1:
+        raise ContractError(
+            f"operator 'batch': per-row tensor {name!r} has different shapes in one batch "
+            f"({sorted(shapes)}); every row must give it the same shape"
+        )
+    return np.stack(rows)
 
 
 class Batch(Operator):
@@ -126,10 +161,16 @@ class Batch(Operator):
         lane = elems[0].meta.lane_id
         tensors: dict[str, np.ndarray] = {}
         if rows:
-            names = sorted(k for k, v in rows[0].payload.items() if isinstance(v, np.ndarray))
+            names = sorted(
+                {k for r in rows for k, v in r.payload.items() if isinstance(v, np.ndarray)}
+            )
             length = max(len(r.payload["input_ids"]) for r in rows)
             for name in names:
-                tensors[name] = pad_rows(name, [r.payload[name] for r in rows], length, self._pad)
+                values = row_values(name, rows)
+                if name in ROW_TENSORS:
+                    tensors[name] = stack_rows(name, values)
+                else:
+                    tensors[name] = pad_rows(name, values, length, self._pad)
             if "padding_mask" not in tensors:
                 mask = np.zeros((len(rows), length), dtype=np.bool_)
                 for i, r in enumerate(rows):

@@ -2,8 +2,9 @@
 
 The work source already assigns sample slots by weight, but after tokenization, splitting and
 filtering the *token* shares drift, and datasets can arrive in long runs. This operator keeps,
-per lane, one FIFO per dataset and the amount already emitted per dataset (tokens, or samples
-with ``by="samples"``), and emits by a generalised smooth weighted round-robin:
+per lane, one FIFO per dataset and the amount already emitted per dataset (tokens; trained
+tokens with ``by="loss_tokens"``; or samples with ``by="samples"``), and emits by a
+generalised smooth weighted round-robin:
 
 **Rule.** Weights are made integers ``w_d = max(1, round(weight_d * 1_000_000))`` with sum
 ``W``. With ``e_d`` the amount of dataset ``d`` emitted by the lane and ``E = sum(e_d)``, the
@@ -20,6 +21,11 @@ largest deficit and looks again. So at most ``buffer_size`` records stay buffere
 between calls (``buffer_size + 1`` for an instant). A dataset that never shows up in a lane
 (exhausted, or absent) keeps the lane in drain mode: shares among the others stay balanced,
 and the buffer stays full until the next reset.
+
+**Trained tokens.** ``by="loss_tokens"`` counts a record's trained tokens, the currency SFT
+mixtures are specified in: the number of non-zero entries of its ``loss_mask``, or all its
+tokens when it has none (pretraining text: every token is trained). A record with no trained
+token counts 0, so it never moves the shares.
 
 **Pass-through.** Tombstones, records of datasets with weight 0 or absent from ``weights``,
 and records without a known dataset id leave immediately and are not counted.
@@ -39,6 +45,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..records import SampleRecord
 from .accumulators import Accumulator, MicroBatch
@@ -46,7 +54,7 @@ from .base import OpContext, Operator, OpTraits
 
 #: Weights become integers ``round(weight * WEIGHT_SCALE)`` for exact deficit arithmetic.
 WEIGHT_SCALE = 1_000_000
-MIXTURE_UNITS: tuple[str, ...] = ("tokens", "samples")
+MIXTURE_UNITS: tuple[str, ...] = ("tokens", "samples", "loss_tokens")
 
 
 class _MixtureLane:
@@ -79,7 +87,7 @@ class MixtureAccumulator(Accumulator):
         self.total_weight = sum(self.weights.values())
         self.by = by
         self.buffer_size = buffer_size
-        self.reads_payload = by == "tokens"
+        self.reads_payload = by != "samples"
         self._lanes: dict[int, _MixtureLane] = {}
 
     # -- the rule ------------------------------------------------------------------------
@@ -90,9 +98,13 @@ class MixtureAccumulator(Accumulator):
         payload = elem.payload
         if not isinstance(payload, dict) or "input_ids" not in payload:
             raise ConfigError(
-                "ensure_mixture(by='tokens') needs tokenized records (payload['input_ids']); "
+                f"ensure_mixture(by={self.by!r}) needs tokenized records (payload['input_ids']); "
                 "place it after tokenize, or use by='samples'"
             )
+        if self.by == "loss_tokens":
+            mask = payload.get("loss_mask")
+            if mask is not None:
+                return int(np.count_nonzero(mask))
         return len(payload["input_ids"])
 
     def _best(self, lane: _MixtureLane, *, non_empty: bool) -> int | None:
@@ -196,8 +208,9 @@ class EnsureMixture(Operator):
 
     ``weights`` maps dataset names to target weights (default: the datasets' configured
     weights); datasets with weight 0 or left out pass through unchanged. ``by`` is
-    ``"tokens"`` (``len(payload["input_ids"])``) or ``"samples"``. ``buffer_size`` bounds the
-    records buffered per lane (see the module docstring for the drain).
+    ``"tokens"`` (``len(payload["input_ids"])``), ``"loss_tokens"`` (trained tokens: the
+    non-zero ``loss_mask`` entries, all tokens without one) or ``"samples"``. ``buffer_size``
+    bounds the records buffered per lane (see the module docstring for the drain).
     """
 
     op_name = "ensure_mixture"

@@ -21,7 +21,9 @@ Row payload (``pack_sequences``, unpadded; the length is the tokens used):
   ``first_fit``/``best_fit`` the pieces of a split oversized record are separate items and
   each restarts at 0 (like the children of ``tokenize(max_length=...)``);
 * ``loss_mask`` and ``labels``, when the input payloads carry them aligned with ``input_ids``:
-  sliced exactly like ``input_ids``. Other payload fields are not carried.
+  sliced exactly like ``input_ids``. A record without ``loss_mask`` packed with records that
+  have one gets ones (pretraining text: every token is trained); ``labels`` must be on every
+  record or none. Other payload fields are not carried.
 
 ``pack_flat`` pads every row to exactly ``max_length``: ``input_ids`` with the pad id (the
 ``pad_id`` parameter, else ``OpContext.pad_id`` from ``setup``), ``positions``/``segment_ids``/
@@ -32,6 +34,12 @@ holding the last token closes the record's documents); ``"drop"`` replaces them 
 with reason ``oversized``. Empty records (no tokens) become tombstones with reason ``empty``.
 Tombstones (arriving or made here) pass straight through, in arrival order relative to the rows
 emitted by the same ``push_many`` call, without touching any bin.
+
+Trainer tensors (off by default; see :mod:`.trainer_tensors`): ``emit_labels`` adds next-token
+``labels`` from the row's own segments and ``loss_mask``; ``emit_cu_seqlens`` adds
+``cu_seqlens``/``num_docs``/``max_seqlen`` and needs ``max_docs_per_row``, which also limits
+the packing itself (a bin closes at that many pieces). An input that already carries ``labels``
+with ``emit_labels`` on is a contract error (two sources of labels).
 
 At a flush sentinel the lane's open bins are emitted (partial; ``pack_flat`` pads them) and the
 lane is reset to a fresh state; other lanes are untouched.
@@ -49,6 +57,7 @@ from ..records import DocRef, SampleMeta, SampleRecord, Span
 from .accumulators import Accumulator, MicroBatch
 from .base import OpContext, Operator, OpTraits
 from .packing import Bin, LaneBins, PackPolicy
+from .trainer_tensors import DEFAULT_IGNORE_INDEX, TrainerTensorOptions, add_trainer_tensors
 
 #: Aligned per-token fields carried into packed rows, with their padding value.
 CARRIED_FIELDS: dict[str, int] = {"loss_mask": 0, "labels": -100}
@@ -237,24 +246,9 @@ def _assemble(
         "segment_ids": np.repeat(np.arange(1, count + 1, dtype=np.int32), lengths),
     }
     for name in CARRIED_FIELDS:
-        present = [name in p for p, _, _ in pieces]
-        if not any(present):
-            continue
-        if not all(present):
-            raise ContractError(
-                f"operator {op_name!r}: some packed records carry {name!r} and others do not; "
-                f"give every record a {name!r} aligned with its input_ids, or none"
-            )
-        parts = []
-        for p, s, n in pieces:
-            arr = np.asarray(p[name])
-            if len(arr) != len(p["input_ids"]):
-                raise ContractError(
-                    f"operator {op_name!r}: {name!r} has {len(arr)} entries but input_ids has "
-                    f"{len(p['input_ids'])}; it must be aligned with input_ids token for token"
-                )
-            parts.append(arr[s : s + n])
-        payload[name] = np.concatenate(parts)
+        carried = _carried(name, pieces, op_name)
+        if carried is not None:
+            payload[name] = carried
     if pad_to is None:
         return payload
     padded: dict[str, np.ndarray] = {}
@@ -265,6 +259,38 @@ def _assemble(
         padded[name] = out
     padded["padding_mask"] = np.arange(pad_to) < total
     return padded
+
+
+def _carried(
+    name: str, pieces: Sequence[tuple[dict[str, Any], int, int]], op_name: str
+) -> np.ndarray | None:
+    """The row's ``name`` field from its pieces, or None when no piece carries it.
+
+    A piece without a ``loss_mask`` among pieces with one gets ones: a record without a loss
+    mask is pretraining text, every token trained. Any other field must be on every piece.
+    """
+    present = [name in p for p, _, _ in pieces]
+    if not any(present):
+        return None
+    if not all(present) and name != "loss_mask":
+        raise ContractError(
+            f"operator {op_name!r}: some packed records carry {name!r} and others do not; "
+            f"give every record a {name!r} aligned with its input_ids, or none"
+        )
+    dtype = next(np.asarray(p[name]).dtype for p, _, _ in pieces if name in p)
+    parts = []
+    for p, s, n in pieces:
+        if name not in p:
+            parts.append(np.ones(n, dtype=dtype))
+            continue
+        arr = np.asarray(p[name])
+        if len(arr) != len(p["input_ids"]):
+            raise ContractError(
+                f"operator {op_name!r}: {name!r} has {len(arr)} entries but input_ids has "
+                f"{len(p['input_ids'])}; it must be aligned with input_ids token for token"
+            )
+        parts.append(arr[s : s + n])
+    return np.concatenate(parts)
 
 
 _CARRIED = frozenset(CARRIED_FIELDS)
@@ -323,6 +349,10 @@ class _PackBase(Operator):
         max_open_bins: int = 8,
         min_useful_length: int | None = None,
         oversized: str = "split",
+        emit_labels: bool = False,
+        ignore_index: int = DEFAULT_IGNORE_INDEX,
+        emit_cu_seqlens: bool = False,
+        max_docs_per_row: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -332,6 +362,14 @@ class _PackBase(Operator):
             max_open_bins=max_open_bins,
             min_useful_length=min_useful_length,
             oversized=oversized,
+            op_name=self.op_name,
+            max_docs_per_row=max_docs_per_row,
+        )
+        self.tensors = TrainerTensorOptions(
+            emit_labels=emit_labels,
+            ignore_index=ignore_index,
+            emit_cu_seqlens=emit_cu_seqlens,
+            max_docs_per_row=max_docs_per_row,
             op_name=self.op_name,
         )
         self._pad = 0
@@ -352,7 +390,12 @@ class _PackBase(Operator):
             "max_open_bins": policy.max_open_bins,
             "min_useful_length": policy.threshold,
             "oversized": policy.oversized,
+            **self.tensors.params(),
         }
+
+    def output_tensors(self) -> tuple[str, ...]:
+        names = ("input_ids", "positions", "segment_ids", *self.tensors.tensor_names())
+        return (*names, "padding_mask") if self.padded else names
 
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=False, fusable=False)
@@ -364,25 +407,44 @@ class _PackBase(Operator):
     def process_many(self, elems: list[Any]) -> list[Any]:
         continue_positions = self.policy.algorithm == "wrap"
         pad_to = self.policy.max_length if self.padded else None
-        return [
-            SampleRecord(
-                assemble_row(
-                    rec.payload["pieces"],
-                    continue_positions=continue_positions,
-                    pad_to=pad_to,
-                    pad_id=self._pad,
-                    op_name=self.op_name,
-                ),
-                rec.meta,
+        options = self.tensors
+        out = []
+        for rec in elems:
+            pieces = rec.payload["pieces"]
+            row = assemble_row(
+                pieces,
+                continue_positions=continue_positions,
+                pad_to=pad_to,
+                pad_id=self._pad,
+                op_name=self.op_name,
             )
-            for rec in elems
-        ]
+            if options.any:
+                if options.emit_labels and "labels" in row:
+                    raise ContractError(
+                        f"operator {self.op_name!r}: emit_labels is on but the packed records "
+                        "already carry 'labels' (row of record "
+                        f"{rec.meta.cursor} in lane {rec.meta.lane_id}); drop 'labels' from "
+                        "the records or set emit_labels: false"
+                    )
+                row = add_trainer_tensors(row, [n for _, _, n in pieces], options)
+            out.append(SampleRecord(row, rec.meta))
+        return out
 
 
 class PackSequences(_PackBase):
     """Packs a lane's tokenized records into unpadded rows of at most ``max_length`` tokens."""
 
     op_name = "pack_sequences"
+
+    def __init__(self, *, max_length: int, **kwargs: Any) -> None:
+        super().__init__(max_length=max_length, **kwargs)
+        tensors = self.tensors
+        if tensors.emit_labels and tensors.ignore_index != DEFAULT_IGNORE_INDEX:
+            raise ConfigError(
+                f"pack_sequences: ignore_index {tensors.ignore_index} needs pack_flat: batch pads "
+                f"the labels of unequal rows with {DEFAULT_IGNORE_INDEX}; use ignore_index: "
+                f"{DEFAULT_IGNORE_INDEX} or pack_flat"
+            )
 
 
 class PackFlat(_PackBase):

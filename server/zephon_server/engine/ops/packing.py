@@ -17,7 +17,8 @@ With ``first_fit``/``best_fit`` an item longer than ``max_length`` is cut into `
 pieces (the last one shorter) that are placed as separate items. When no bin fits, a new one
 is opened; if more than ``max_open_bins`` are then open, the oldest is emitted. A bin is
 emitted as soon as its remaining room drops below ``min_useful_length`` (so a full bin always
-is).
+is), or, with ``max_docs_per_row`` set, as soon as it holds that many pieces (so no row ever has
+more; unset, the piece count plays no part in any decision).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class PackPolicy:
     min_useful_length: int | None = None
     oversized: str = "split"
     op_name: str = "pack"
+    max_docs_per_row: int | None = None
 
     def __post_init__(self) -> None:
         op = self.op_name
@@ -93,12 +95,25 @@ class PackPolicy:
                 f"{op}: oversized must be one of {', '.join(OVERSIZED_POLICIES)}, got "
                 f"{self.oversized!r}; use 'split' to cut long documents or 'drop' to skip them"
             )
+        docs = self.max_docs_per_row
+        if docs is not None and (not _is_int(docs) or docs < 1):
+            raise ConfigError(
+                f"{op}: max_docs_per_row must be an integer >= 1, got {docs!r}; it bounds the "
+                "documents packed into one row"
+            )
 
     @property
     def threshold(self) -> int:
         """The resolved ``min_useful_length``."""
         assert self.min_useful_length is not None  # resolved in __post_init__
         return self.min_useful_length
+
+    def closes(self, target: Bin) -> bool:
+        """Whether ``target`` is ready: too little room left, or ``max_docs_per_row`` pieces."""
+        if self.max_length - target.used < self.threshold:
+            return True
+        docs = self.max_docs_per_row
+        return docs is not None and len(target.pieces) >= docs
 
 
 @dataclass(slots=True, eq=False)
@@ -146,8 +161,8 @@ class LaneBins:
         return bool(self.bins)
 
     def _wrap(self, item: Any, length: int, emitted: list[Bin]) -> None:
-        cap = self.policy.max_length
-        threshold = self.policy.threshold
+        policy = self.policy
+        cap = policy.max_length
         start = 0
         while start < length:
             if not self.bins:
@@ -156,7 +171,7 @@ class LaneBins:
             n = min(cap - target.used, length - start)
             target.add(item, start, n)
             start += n
-            if cap - target.used < threshold:
+            if policy.closes(target):
                 emitted.append(self.bins.pop())
 
     def _fit(self, item: Any, start: int, n: int, emitted: list[Bin]) -> None:
@@ -181,7 +196,7 @@ class LaneBins:
             index = len(bins) - 1
         target = bins[index]
         target.add(item, start, n)
-        if cap - target.used < policy.threshold:
+        if policy.closes(target):
             emitted.append(bins.pop(index))
         elif opened and len(bins) > policy.max_open_bins:
             emitted.append(bins.pop(0))

@@ -1,0 +1,40 @@
+"""Tokens and trained (loss) tokens delivered per dataset, counted from the batches themselves.
+
+A batch row's spans (``SampleMeta.spans``) lie on its tokens in order from position 0 (a
+packed row's segments, or a tokenized record's one span), so span ``k`` of row ``i`` covers
+``[offset_k, offset_k + length_k)`` of that row. Its tokens count for the span's dataset; its
+*trained* tokens are the non-zero ``loss_mask`` entries in that range, or all of them when the
+batch has no ``loss_mask`` (pretraining text: every token is trained). Padding is in no span,
+so it is never counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from .records import SampleBatch
+
+
+def count_batch_tokens(batch: SampleBatch, tokens: Counter[int], loss_tokens: Counter[int]) -> None:
+    """Add ``batch``'s tokens and trained tokens per dataset index to the two counters."""
+    mask = batch.tensors.get("loss_mask")
+    if mask is None or mask.ndim != 2 or mask.shape[0] != len(batch.rows):
+        for meta in batch.rows:
+            for span in meta.spans:
+                tokens[span.doc.dataset] += span.length
+                loss_tokens[span.doc.dataset] += span.length
+        return
+    width = mask.shape[1]
+    trained = np.zeros((mask.shape[0], width + 1), dtype=np.int64)
+    np.cumsum(mask != 0, axis=1, out=trained[:, 1:])
+    for i, meta in enumerate(batch.rows):
+        offset = 0
+        row = trained[i]
+        for span in meta.spans:
+            end = min(offset + span.length, width)
+            dataset = span.doc.dataset
+            tokens[dataset] += span.length
+            loss_tokens[dataset] += int(row[end] - row[min(offset, width)])
+            offset += span.length
