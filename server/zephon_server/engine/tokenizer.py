@@ -48,6 +48,11 @@ class Tokenizer(Protocol):
         """Text for ids; special tokens are dropped."""
         ...
 
+    def encode_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Token ids (int32) and character offsets (int64 ``[n, 2]``: start, end) of each
+        text, special tokens written in the text included (used to map text to tokens)."""
+        ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0-255; BOS=256, EOS=257, PAD=258. Needs no file and no training."""
@@ -76,6 +81,16 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         data = bytes(int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256)
         return data.decode("utf-8", "replace")
+
+    def encode_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        out = []
+        for t in texts:
+            data = t.encode("utf-8", "surrogatepass")
+            widths = np.fromiter((len(c.encode("utf-8", "surrogatepass")) for c in t), np.int64)
+            chars = np.repeat(np.arange(len(t), dtype=np.int64), widths)  # byte -> its char
+            offsets = np.stack([chars, chars + 1], axis=1).reshape(len(data), 2)
+            out.append((np.frombuffer(data, dtype=np.uint8).astype(_ID_DTYPE), offsets))
+        return out
 
 
 class HFTokenizer:
@@ -155,6 +170,21 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return str(self._tok.decode([int(i) for i in np.asarray(ids).ravel()]))
+
+    def encode_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [
+            (
+                np.asarray(e.ids, dtype=_ID_DTYPE),
+                np.asarray(e.offsets, dtype=np.int64).reshape(len(e.ids), 2),
+            )
+            for e in encodings
+        ]
+
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` (a special or ordinary token string), None when unknown."""
+        tid = self._tok.token_to_id(token)
+        return None if tid is None else int(tid)
 
 
 _CACHE: dict[str, Tokenizer] = {}
