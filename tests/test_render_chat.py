@@ -260,6 +260,9 @@ def test_template_sources(tmp_path):
     own = tmp_path / "own.jinja"
     own.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
     assert RenderChat(tokenizer=path, template=str(own)).source.origin == str(own)
+    fingerprints = {RenderChat(tokenizer=path).params()["template"]}
+    fingerprints.add(RenderChat(tokenizer=path, template=str(own)).params()["template"])
+    assert len(fingerprints) == 2  # the template enters the pipeline fingerprint
     own.write_text("{% for m in messages %}")
     with pytest.raises(ConfigError, match="syntax error"):
         RenderChat(tokenizer=path, template=str(own))
@@ -418,6 +421,7 @@ def chain_digests(pipe, execution) -> dict[int, list[str]]:
     return chains
 
 
+@pytest.mark.processes
 def test_yaml_chat_pipeline_is_identical_on_every_runner(tmp_path, tok_dirs):
     from zephon_server.engine.chat_corpus import write_chat_corpus
 
@@ -463,3 +467,39 @@ def test_render_chat_replaces_decode_and_tokenize(tmp_path, tok_dirs):
     pipe, execution = parse_config(base)
     with pytest.raises(ConfigError, match="'render_chat' replaces 'decode_text' and 'tokenize'"):
         pipe.plan(execution)
+
+
+def test_parquet_column_of_json_conversations(tmp_path, tok_dirs):
+    """A Parquet dataset whose ``text_field`` column holds each record as JSON text renders
+    exactly like the same records in JSONL."""
+    from zephon_server.engine.corpus import write_parquet
+
+    convs = generate_conversations(24, seed=4)
+    write_parquet(
+        tmp_path / "pq" / "chat.parquet",
+        [{"conversation": json.dumps(c), "id": i} for i, c in enumerate(convs)],
+        row_group_size=8,
+    )
+    write_jsonl(tmp_path / "js" / "chat.jsonl", convs)
+
+    def rows(path: Path, **dataset: Any) -> dict[int, tuple[list[int], list[int]]]:
+        data = {
+            "lanes": 1,
+            "chunk_size": 8,
+            "datasets": [{"name": "chat", "path": str(path), "weight": 1.0, **dataset}],
+            "pipeline": [
+                {"render_chat": {"tokenizer": tok_dirs["chatml"]}},
+                {"batch": {"microbatch_size": 3, "drop_last": False}},
+            ],
+        }
+        pipe, execution = parse_config(data)
+        out = {}
+        for batch in pipe.run(execution).batches():
+            pad = batch.tensors["padding_mask"]
+            for i, meta in enumerate(batch.rows):
+                ids = batch.tensors["input_ids"][i][pad[i]].tolist()
+                out[meta.doc.row] = (ids, batch.tensors["loss_mask"][i][pad[i]].tolist())
+        return out
+
+    parquet = rows(tmp_path / "pq", text_field="conversation")
+    assert len(parquet) == 24 and parquet == rows(tmp_path / "js")

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from zephon_server.cli import build_parser
+from zephon_server.engine.chat_layout import TRAIN_ON
 from zephon_server.engine.config import TOP_LEVEL_KEYS
 from zephon_server.engine.datasets import EXHAUSTION_POLICIES, ON_ERROR_POLICIES, DatasetSpec
 from zephon_server.engine.execution import RUNNERS, TOP_LEVEL_FIELDS, ExecutionConfig
 from zephon_server.engine.ops import OPERATORS
-from zephon_server.engine.chat_layout import TRAIN_ON
 from zephon_server.engine.ops.base import EXECUTION_PARAMS, PLACEMENTS
 from zephon_server.engine.ops.mixture import MIXTURE_UNITS
 from zephon_server.engine.ops.packing import ALGORITHMS, OVERSIZED_POLICIES
