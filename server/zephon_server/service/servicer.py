@@ -455,4 +455,6 @@ def _tensor_names(hub: LaneHub) -> list[str]:
     for op in hub.plan.ops:
         if op.op_name in ("pack_flat", "pack_sequences"):
             names |= {"positions", "segment_ids"}
+        if op.op_name == "render_chat":
+            names.add("loss_mask")
     return sorted(names)
