@@ -503,3 +503,52 @@ def test_parquet_column_of_json_conversations(tmp_path, tok_dirs):
 
     parquet = rows(tmp_path / "pq", text_field="conversation")
     assert len(parquet) == 24 and parquet == rows(tmp_path / "js")
+
+
+def test_byte_offsets_from_token_lengths_equal_the_tokenizers_offsets(tok_dirs):
+    """For a byte-level BPE the offsets come from token byte lengths. They give the same mask
+    as the tokenizer's own character offsets for every range of whole characters (a token
+    holding part of a character differs only inside that character), non-ASCII and special
+    tokens included."""
+    from zephon_server.engine.token_offsets import byte_ranges
+    from zephon_server.engine.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tok_dirs["chatml"])
+    assert tok._byte_lengths is not None  # the fast path is taken
+    op = RenderChat(tokenizer=tok_dirs["chatml"])
+    texts = [op.chat_template.render(c["messages"]) for c in generate_conversations(30, seed=6)]
+    texts += [
+        "<|im_start|>user\nWie heißt das Café? 日本語 🙂<|im_end|>\n",
+        "  leading spaces and trailing  ",
+        "",
+    ]
+    fast = tok.encode_offsets(texts)
+    slow = tok._tokenizer_offsets(texts)
+    rng = np.random.default_rng(0)
+    for text, (ids_a, off_a), (ids_b, off_b) in zip(texts, fast, slow):
+        assert ids_a.tolist() == ids_b.tolist()
+        for _ in range(20):
+            lo, hi = sorted(rng.integers(0, len(text) + 1, size=2).tolist())
+            ranges = byte_ranges(text, [(lo, hi)])
+            assert token_mask(off_a, ranges).tolist() == token_mask(off_b, ranges).tolist()
+
+
+def test_tokenizer_offsets_are_used_when_lengths_do_not_tile_the_text(tmp_path):
+    """A prefix space (ByteLevel add_prefix_space) breaks the byte-length shortcut: the
+    tokenizer's offsets are used, and the mask is still exact."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    from chat_helpers import trained_tokenizer_json
+
+    tok = Tokenizer.from_str(trained_tokenizer_json())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    directory = tmp_path / "prefix"
+    chat_tokenizer(directory)
+    tok.save(str(directory / "tokenizer.json"))
+    op = RenderChat(tokenizer=str(directory / "tokenizer.json"))
+    assert op.tokenizer._byte_lengths is None
+    conv = generate_conversations(3, seed=2)[1]
+    (out,) = render(op, [conv])
+    runs = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
+    answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
+    assert [r.strip() for r in runs] == [a + "<|im_end|>" for a in answers]

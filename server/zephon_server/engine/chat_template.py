@@ -202,23 +202,27 @@ class ChatTemplate:
                 f"chat template from {source.origin}: syntax error at line {exc.lineno}: "
                 f"{exc.message}"
             ) from exc
-        self._variables = dict(source.special_tokens)
+        # Everything a render sees but the messages, globals included: rendering into a context
+        # built on a copy of this (a "shared" context) skips Jinja's per-call merge of the
+        # environment's globals, the largest fixed cost of rendering a short conversation.
+        self._scope: dict[str, Any] = {
+            **self._template.globals,
+            **source.special_tokens,
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": False,
+        }
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The template's text for ``messages`` (training: no generation prompt).
 
         Raises :class:`ChatTemplateError` for any failure of the template on these messages.
         """
+        scope = self._scope.copy()
+        scope["messages"] = list(messages)
+        template = self._template
         try:
-            return str(
-                self._template.render(
-                    messages=list(messages),
-                    tools=None,
-                    documents=None,
-                    add_generation_prompt=False,
-                    **self._variables,
-                )
-            )
+            return "".join(template.root_render_func(template.new_context(scope, shared=True)))
         except Exception as exc:  # any failure of the template is this conversation's problem
             text = str(exc) or type(exc).__name__
             raise ChatTemplateError(f"the chat template failed: {text}") from exc

@@ -10,10 +10,11 @@ record itself: a JSONL line (or a Parquet value holding JSON, or a list of messa
   completion``, trained on the completion, then the EOS token (trained) when
   ``completion_eos`` is on and the tokenizer has one.
 
-The rendered text is tokenized once with character offsets; a token is trained (mask 1) when
-its characters overlap a trained range. ``max_length`` keeps the first ``max_length`` tokens.
-Payload out: ``{"input_ids": int32, "loss_mask": uint8}``, same length; meta as ``tokenize``
-(one span over the document's tokens; the record closes its document).
+The rendered text is tokenized once with offsets (in UTF-8 bytes, :mod:`..token_offsets`); a
+token is trained (mask 1) when its bytes overlap a trained range. ``max_length`` keeps the
+first ``max_length`` tokens. Payload out: ``{"input_ids": int32, "loss_mask": uint8}``, same
+length; meta as ``tokenize`` (one span over the document's tokens; the record closes its
+document).
 
 Bad records follow the dataset's ``on_error`` (tombstone reasons in brackets): JSON that does
 not parse (``malformed``); a missing or malformed messages field or a template that fails or
@@ -35,6 +36,7 @@ from ..chat_layout import TRAIN_ON, ChatError, check_messages, layout_chat
 from ..chat_template import ChatTemplate, TemplateSource, find_template
 from ..errors import ConfigError, DataError
 from ..records import SampleRecord, Span
+from ..token_offsets import byte_ranges
 from ..tokenizer import Tokenizer, load_tokenizer
 from .bad_record import describe_exception, on_bad_record
 from .base import Operator
@@ -240,7 +242,7 @@ class RenderChat(Operator):
 
     def _tokens(self, rendered: Rendered, ids: np.ndarray, offsets: np.ndarray) -> dict[str, Any]:
         """The payload of a rendered record, after the mask checks (raises RecordProblem)."""
-        mask = token_mask(offsets, rendered.trained)
+        mask = token_mask(offsets, byte_ranges(rendered.text, rendered.trained))
         if rendered.append_eos:
             ids = np.append(ids, np.int32(self.eos_id)).astype(np.int32)
             mask = np.append(mask, MASK_DTYPE(1))
