@@ -552,3 +552,46 @@ def test_tokenizer_offsets_are_used_when_lengths_do_not_tile_the_text(tmp_path):
     runs = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
     answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
     assert [r.strip() for r in runs] == [a + "<|im_end|>" for a in answers]
+
+
+def test_resume_of_a_chat_pipeline_at_every_step_equals_uninterrupted(tmp_path, tok_dirs):
+    """Checkpoint a render_chat + pack_flat + shuffle + batch run at every seq; each resume
+    continues with exactly the batches of the uninterrupted run."""
+    from helpers import lane_chains
+    from zephon_server.engine.chat_corpus import write_chat_corpus
+    from zephon_server.engine.checkpoint import ResumeState
+    from zephon_server.engine.datasets import DatasetSpec
+    from zephon_server.engine.pipeline import Pipeline
+    from zephon_server.engine.run import PipelineRun
+
+    write_chat_corpus(tmp_path / "chat", conversations=80, shards=2, seed=3)
+    spec = DatasetSpec("chat", str(tmp_path / "chat"), 1.0)
+    pipe = Pipeline([spec], seed=3, lanes=2, chunk_size=8, flush_every_k_chunks=2)
+    pipe.render_chat(tokenizer=tok_dirs["chatml"], train_on="last_assistant")
+    pipe.pack_flat(max_length=192).shuffle(buffer_size=4).batch(microbatch_size=2)
+    full_run = PipelineRun(pipe.plan(ExecutionConfig(runner="inline")))
+    full = lane_chains(full_run)
+    assert all(len(v) >= 4 for v in full.values())
+    for cut in range(max(len(v) for v in full.values()) + 1):
+        positions = {lane: min(cut, len(v)) for lane, v in full.items()}
+        state = ResumeState.decode(full_run.checkpoint(positions).encode())
+        plan = pipe.plan(ExecutionConfig(runner="threads", workers=2))
+        resumed = lane_chains(PipelineRun(plan, resume=state))
+        for lane, seqs in full.items():
+            assert resumed[lane] == seqs[positions[lane] :], (cut, lane)
+
+
+def test_generation_blocks_and_the_message_bound(tmp_path):
+    template = tmp_path / "generation.jinja"
+    template.write_text(
+        "{% for m in messages %}{{ m['role'] }}: "
+        "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<eot>"
+        "{% endgeneration %}{% else %}{{ m['content'] }}<eot>{% endif %}\n{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template), max_messages=3)
+    conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    (out,) = render(op, [conv])
+    assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == ["a<eot>"]
+    too_long = {"messages": conv["messages"] * 2}
+    with pytest.raises(DataError, match="has 4 messages, more than 3"):
+        render(op, [too_long])
