@@ -595,3 +595,20 @@ def test_generation_blocks_and_the_message_bound(tmp_path):
     too_long = {"messages": conv["messages"] * 2}
     with pytest.raises(DataError, match="has 4 messages, more than 3"):
         render(op, [too_long])
+
+
+def test_chat_corpus_is_deterministic_and_its_template_is_chatml(tmp_path):
+    from zephon_server.engine.chat_corpus import write_chat_corpus, write_chatml_template
+
+    first = write_chat_corpus(tmp_path / "a", conversations=50, shards=2, seed=4)
+    second = write_chat_corpus(tmp_path / "b", conversations=50, shards=2, seed=4)
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+    rows = [json.loads(line) for p in first for line in p.read_text().splitlines()]
+    assert len(rows) == 50 and all(r["messages"][-1]["role"] == "assistant" for r in rows)
+    template = write_chatml_template(tmp_path / "chatml.jinja")
+    op = RenderChat(tokenizer="byte", template=str(template))
+    (out,) = render(op, [rows[0]])
+    text = decode(op, out.payload["input_ids"])
+    assert text == "".join(
+        f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in rows[0]["messages"]
+    )

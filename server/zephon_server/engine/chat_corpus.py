@@ -3,9 +3,10 @@
 :func:`generate_conversations` builds OpenAI-style records ``{"messages": [{role, content},
 ...]}`` from the sample corpus's English-like sentences: an optional system prompt, then one
 to four user/assistant exchanges of varied lengths. :func:`write_chat_corpus` writes them as
-JSONL shards. The same seed always gives byte-identical files. :func:`chat_texts` gives the
+JSONL shards; the same seed always gives byte-identical files. :func:`chat_texts` gives the
 same conversations as plain texts (their contents joined), the "same texts tokenized alone"
-a chat pipeline's throughput is compared with.
+a chat pipeline's throughput is compared with. :func:`write_chatml_template` writes the ChatML
+template for tokenizers without one (the benchmark's BPE, the byte tokenizer).
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from typing import Any
 import numpy as np
 
 from .corpus import generate_texts, write_jsonl
+
+#: The ChatML chat template (``<|im_start|>ROLE``, newline, content, ``<|im_end|>``, newline,
+#: per message), for a tokenizer without a template of its own.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 SYSTEM_PROMPTS = (
     "You are a helpful assistant.",
@@ -50,6 +60,14 @@ def generate_conversations(n: int, *, seed: int = 0, mean_words: int = 40) -> li
 def chat_texts(conversations: list[dict[str, Any]]) -> list[str]:
     """Each conversation's contents joined by newlines (the texts without any template)."""
     return ["\n".join(m["content"] for m in c["messages"]) for c in conversations]
+
+
+def write_chatml_template(path: str | os.PathLike[str]) -> Path:
+    """Write :data:`CHATML_TEMPLATE` to ``path`` (for ``render_chat: {template: PATH}``)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(CHATML_TEMPLATE, encoding="utf-8")
+    return target
 
 
 def write_chat_corpus(
