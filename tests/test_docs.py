@@ -396,9 +396,12 @@ def test_config_reference_covers_the_schema() -> None:
                 ), (name, param)
 
 
-def test_yaml_configs_in_docs_are_valid() -> None:
+def test_yaml_configs_in_docs_are_valid(tmp_path: Path) -> None:
     """Every YAML block that is a pipeline config passes the config loader's validation."""
     import yaml
+
+    template = tmp_path / "chat.jinja"  # render_chat templates are files the page writes
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
 
     from zephon_server.engine.config import parse_config
     from zephon_server.engine.errors import ConfigError
@@ -414,6 +417,9 @@ def test_yaml_configs_in_docs_are_valid() -> None:
             for step in data["pipeline"]:
                 if isinstance(step, dict) and isinstance(step.get("map_transform"), dict):
                     step["map_transform"]["fn"] = "builtins:dict"  # the page's module: not here
+                chat = step.get("render_chat") if isinstance(step, dict) else None
+                if isinstance(chat, dict) and "template" in chat:
+                    chat["template"] = str(template)
             if "invalid" in block.attrs:  # a deliberate mistake (troubleshooting examples)
                 with pytest.raises(ConfigError):
                     parse_config(data, source=block.where)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_server.cli import build_parser
+from zephon_server.engine.chat_layout import TRAIN_ON
 from zephon_server.engine.config import TOP_LEVEL_KEYS
 from zephon_server.engine.datasets import EXHAUSTION_POLICIES, ON_ERROR_POLICIES, DatasetSpec
 from zephon_server.engine.execution import RUNNERS, TOP_LEVEL_FIELDS, ExecutionConfig
@@ -138,6 +139,31 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "add_eos": "Append the EOS token to every document.",
         "max_length": "Split longer documents into pieces of at most this many tokens (each "
         "piece is its own record). Unset: never split here.",
+    },
+    "render_chat": {
+        "tokenizer": "Path to a Hugging Face `tokenizer.json` (relative to the config file); "
+        "its directory's `chat_template.jinja` or `tokenizer_config.json` (`chat_template`, "
+        "special tokens) supply the template unless `template` is set. `byte` works with "
+        "`template`.",
+        "messages_field": "JSON field holding the conversation: a list of `{role, content}` "
+        "objects.",
+        "template": "A Jinja chat template file (relative to the config file). Unset: the "
+        "tokenizer's template.",
+        "train_on": f"One of {_choices(TRAIN_ON)}: which turns' content and end-of-turn "
+        "token are trained (`loss_mask` 1).",
+        "max_length": "Keep the first `max_length` tokens. A cut that removes every trained "
+        "token is a data error (`mask_truncated`). Unset: never cut here.",
+        "system_prompt": "Prepended as a `system` message to conversations that do not start "
+        "with one. Unset: none.",
+        "prompt_field": "Field of the prompt in prompt/completion records (used when a record "
+        "has no messages field).",
+        "completion_field": "Field of the completion in prompt/completion records; the "
+        "completion is trained.",
+        "completion_eos": "Append the EOS token (the template's `eos_token`, else the "
+        "tokenizer's) to completions, trained.",
+        "max_messages": "The most messages a conversation may have (more is a `chat_error`).",
+        "date": "The date the template's `strftime_now` formats (fixed, so the output never "
+        "depends on the clock).",
     },
     "map_transform": {
         "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "
@@ -324,7 +350,9 @@ def operators_section() -> list[str]:
         "",
         "Each step is a one-key mapping, `- name: {parameters}` (or just `- name` when every "
         "parameter has its default). `fetch` is implicit and always first; `decode_text` is "
-        "inserted when the chain does not start with it; the chain must end with `batch`. "
+        "inserted when the chain does not start with it (unless it has `render_chat`, which "
+        "comes first and replaces `decode_text` and `tokenize`); the chain must end with "
+        "`batch`. "
         "Every operator parameter below shapes the data and is part of the pipeline "
         "fingerprint, so a checkpoint only resumes with the same values.",
         "",

@@ -182,6 +182,9 @@ def _op_entry(i: int, entry: Any) -> tuple[str, dict[str, Any]]:
 def _resolve_paths(name: str, params: dict[str, Any], base_dir: str) -> dict[str, Any]:
     tok = params.get("tokenizer")
     is_file = isinstance(tok, str) and tok.endswith(".json")
-    if name == "tokenize" and is_file and not os.path.isabs(str(tok)):
+    if name in ("tokenize", "render_chat") and is_file and not os.path.isabs(str(tok)):
         params["tokenizer"] = os.path.join(base_dir, str(tok))
+    template = params.get("template")
+    if name == "render_chat" and isinstance(template, str) and not os.path.isabs(template):
+        params["template"] = os.path.join(base_dir, os.path.expanduser(template))
     return params

@@ -23,11 +23,14 @@ from .datasets import DatasetInfo, resolve_datasets
 from .errors import ConfigError
 from .execution import ExecutionConfig
 from .index_dir import IndexDir, open_index_dir
-from .ops import Batch, DecodeText, Fetch, OpContext, Operator, Tokenize
+from .ops import Batch, DecodeText, Fetch, OpContext, Operator, RenderChat, Tokenize
 from .ops.replay import ReplayFilter
 from .pipeline import Pipeline, fingerprint, fingerprint_components
 from .runners.steps import Step
 from .shards import cache_for
+
+#: Operators that turn records into token ids (a pipeline needs one; the last sets the pad id).
+TOKENIZING = (Tokenize, RenderChat)
 
 
 @dataclass
@@ -118,14 +121,33 @@ def _check_chain(ops: list[Operator]) -> list[Operator]:
     for op in ops[:-1]:
         if isinstance(op, Batch):
             raise ConfigError("pipeline: 'batch' may appear only once, as the last operator")
-    if not any(isinstance(op, Tokenize) for op in ops):
+    if not any(isinstance(op, TOKENIZING) for op in ops):
         raise ConfigError(
             "pipeline: batches are built from token ids, but there is no 'tokenize' step; "
-            "add e.g. '- tokenize: {tokenizer: byte}' before 'batch'"
+            "add e.g. '- tokenize: {tokenizer: byte}' before 'batch' (or 'render_chat' for "
+            "chat data)"
         )
-    if not ops or not isinstance(ops[0], DecodeText):
+    if any(isinstance(op, RenderChat) for op in ops):
+        _check_chat_chain(ops)
+    elif not isinstance(ops[0], DecodeText):
         ops = [DecodeText(), *ops]
     return [Fetch(), *ops[:-1], ReplayFilter(), ops[-1]]
+
+
+def _check_chat_chain(ops: list[Operator]) -> None:
+    """``render_chat`` reads the fetched record itself and tokenizes: it comes first (no
+    ``decode_text`` is inserted) and replaces ``decode_text`` and ``tokenize``."""
+    for op in ops:
+        if isinstance(op, DecodeText | Tokenize):
+            raise ConfigError(
+                f"pipeline: 'render_chat' replaces 'decode_text' and 'tokenize' (it reads the "
+                f"record and tokenizes it); remove '{op.op_name}'"
+            )
+    if not isinstance(ops[0], RenderChat) or sum(isinstance(op, RenderChat) for op in ops) > 1:
+        raise ConfigError(
+            "pipeline: 'render_chat' must be the first operator, and appear once (it reads "
+            "the fetched record)"
+        )
 
 
 def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
@@ -135,7 +157,7 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     datasets = resolve_datasets(
         pipeline.datasets, base_dir=pipeline.base_dir, cache=cache_for(index)
     )
-    tokenizers = [op for op in ops if isinstance(op, Tokenize)]
+    tokenizers = [op for op in ops if isinstance(op, TOKENIZING)]
     pad_id = tokenizers[-1].tokenizer.pad_id if tokenizers else 0
     plan = Plan(
         pipeline,

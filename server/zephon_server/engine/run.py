@@ -33,13 +33,24 @@ from .work_source import WorkSource
 
 log = logging.getLogger(__name__)
 
-#: Tombstone reasons that mean "a bad record was skipped" (``on_error: skip``): it could not
-#: be decoded, read or tokenized, or it is larger than the dataset's ``max_document_bytes``.
 #: At most this many chunks of a lane starting at an epoch boundary are fed before the other
 #: lanes get theirs (bounds how long one lane's first batch can hold back the next lane's).
 FIRST_BATCH_CHUNKS = 4
 
-SKIP_REASONS = ("malformed", "read_error", "tokenize_error", "too_large")
+#: Tombstone reasons that mean "a bad record was skipped" (``on_error: skip``): it could not
+#: be decoded, read or tokenized, or it is larger than the dataset's ``max_document_bytes``;
+#: or (``render_chat``) its chat could not be rendered, or its loss mask would be all zeros,
+#: all ones, or cut to zeros by ``max_length``.
+SKIP_REASONS = (
+    "malformed",
+    "read_error",
+    "tokenize_error",
+    "too_large",
+    "chat_error",
+    "mask_empty",
+    "mask_full",
+    "mask_truncated",
+)
 
 
 def make_runner(

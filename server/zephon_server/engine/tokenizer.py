@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from .errors import ConfigError
+from .token_offsets import byte_length_table, char_to_byte_offsets, offsets_from_lengths
 
 # Parallelism is the runner's knob (workers), so a Hugging Face tokenizer must not also fan
 # out over every core inside each call; set TOKENIZERS_PARALLELISM=true to override.
@@ -46,6 +47,12 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text for ids; special tokens are dropped."""
+        ...
+
+    def encode_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Token ids (int32) and UTF-8 byte offsets (int64 ``[n, 2]``: start, end) of each
+        text, special tokens written in the text included (used to map text to tokens); the
+        tokenizer adds no special tokens of its own."""
         ...
 
 
@@ -77,6 +84,15 @@ class ByteTokenizer:
         data = bytes(int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256)
         return data.decode("utf-8", "replace")
 
+    def encode_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        out = []
+        for t in texts:
+            data = t.encode("utf-8", "surrogatepass")
+            starts = np.arange(len(data), dtype=np.int64)
+            offsets = np.stack([starts, starts + 1], axis=1).reshape(len(data), 2)
+            out.append((np.frombuffer(data, dtype=np.uint8).astype(_ID_DTYPE), offsets))
+        return out
+
 
 class HFTokenizer:
     """A Hugging Face ``tokenizers`` model loaded from a tokenizer.json file or a hub id."""
@@ -103,18 +119,20 @@ class HFTokenizer:
                     "tokenizer.json, 'byte', or a hub id)"
                 )
             raw = path.read_bytes()
-            self._tok = _HFTokenizer.from_str(raw.decode("utf-8"))
+            self._json = raw.decode("utf-8")
+            self._tok = _HFTokenizer.from_str(self._json)
             self.identity = "sha256:" + hashlib.sha256(raw).hexdigest()
             self.name = str(path)
         else:
             try:
                 self._tok = _HFTokenizer.from_pretrained(source)
+                self._json = self._tok.to_str()
             except Exception as exc:
                 raise ConfigError(
                     f"tokenizer: cannot load {source!r} from the hub ({exc}); give a path to a "
                     "tokenizer.json or use 'byte'"
                 ) from exc
-            self.identity = "sha256:" + hashlib.sha256(self._tok.to_str().encode()).hexdigest()
+            self.identity = "sha256:" + hashlib.sha256(self._json.encode()).hexdigest()
             self.name = source
         self._tok.no_padding()
         self._tok.no_truncation()
@@ -122,6 +140,7 @@ class HFTokenizer:
         # same ids, ~10% less tokenizer time.
         self._encode = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._byte_lengths = byte_length_table(self._json, self._tok)
         self.bos_id = self._special(bos_token, ("<s>", "<|begin_of_text|>", "[BOS]", "<bos>"))
         self.eos_id = self._special(eos_token, ("</s>", "<|endoftext|>", "[EOS]", "<eos>"))
         pad = self._special(pad_token, ("<pad>", "[PAD]", "<|pad|>"))
@@ -155,6 +174,32 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return str(self._tok.decode([int(i) for i in np.asarray(ids).ravel()]))
+
+    def encode_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Offsets from token byte lengths for byte-level BPE tokenizers (no offsets to
+        compute, see :mod:`.token_offsets`), else from the tokenizer's character offsets."""
+        if self._byte_lengths is None:
+            return self._tokenizer_offsets(texts)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for text, e in zip(texts, self._encode(list(texts), add_special_tokens=False)):
+            ids = np.asarray(e.ids, dtype=_ID_DTYPE)
+            offsets = offsets_from_lengths(ids, self._byte_lengths, text)
+            out.append(
+                (ids, offsets) if offsets is not None else self._tokenizer_offsets([text])[0]
+            )
+        return out
+
+    def _tokenizer_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [
+            (np.asarray(e.ids, dtype=_ID_DTYPE), char_to_byte_offsets(text, e.offsets))
+            for text, e in zip(texts, encodings)
+        ]
+
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` (a special or ordinary token string), None when unknown."""
+        tid = self._tok.token_to_id(token)
+        return None if tid is None else int(tid)
 
 
 _CACHE: dict[str, Tokenizer] = {}

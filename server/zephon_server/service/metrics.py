@@ -206,7 +206,7 @@ class EngineCollector(Collector):
         skipped = CounterMetricFamily(
             "zephon_records_skipped",
             "Records skipped under on_error: skip (malformed, read_error, tokenize_error, "
-            "too_large)",
+            "too_large, chat_error, mask_empty, mask_full, mask_truncated)",
             labels=["dataset"],
         )
         for dataset, n in run_stats.get("skipped", {}).items():
@@ -215,7 +215,8 @@ class EngineCollector(Collector):
         dropped = CounterMetricFamily(
             "zephon_records_dropped",
             "Records closed without tokens, by dataset and reason (malformed, read_error, "
-            "tokenize_error, too_large, empty, filtered, oversized, dropped_last...)",
+            "tokenize_error, too_large, chat_error, mask_empty, mask_full, mask_truncated, "
+            "empty, filtered, oversized, dropped_last...)",
             labels=["dataset", "reason"],
         )
         for (dataset, reason), n in sorted(dict(run.tombstones).items()):

@@ -94,7 +94,7 @@ class DataService(pb_grpc.DataServiceServicer):
         self, request: pb.GetInfoRequest, context: grpc.ServicerContext
     ) -> pb.GetInfoResponse:
         hub = self.hub
-        tokenizers = [op for op in hub.plan.ops if op.op_name == "tokenize"]
+        tokenizers = [op for op in hub.plan.ops if op.op_name in ("tokenize", "render_chat")]
         store = hub.store
         return pb.GetInfoResponse(
             num_lanes=hub.num_lanes,

@@ -10,6 +10,7 @@ from .fetch import Fetch
 from .map_transform import MapTransform
 from .mixture import EnsureMixture
 from .pack import PackFlat, PackSequences
+from .render_chat import RenderChat
 from .shuffle import Shuffle
 from .tokenize import Tokenize
 
@@ -19,6 +20,7 @@ OPERATORS: dict[str, type[Operator]] = {
     for op in (
         DecodeText,
         Tokenize,
+        RenderChat,
         MapTransform,
         PackSequences,
         PackFlat,
@@ -43,6 +45,7 @@ __all__ = [
     "PackFlat",
     "PackSequences",
     "PassthroughAccumulator",
+    "RenderChat",
     "Shuffle",
     "Tokenize",
 ]

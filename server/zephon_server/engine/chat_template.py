@@ -1,0 +1,228 @@
+"""Chat templates: the Jinja template that turns a list of messages into one text.
+
+A template comes from a file given in the pipeline (``render_chat: {template: PATH}``), or
+from the tokenizer's directory: ``chat_template.jinja`` beside ``tokenizer.json``, else the
+``chat_template`` key of ``tokenizer_config.json`` (a string, or a list of
+``{name, template}`` of which the one named ``default`` is used). The tokenizer's special
+tokens (``bos_token``, ``eos_token``, ``pad_token``, ``unk_token``, ...) come from
+``tokenizer_config.json`` when there is one.
+
+Rendering follows Hugging Face ``apply_chat_template`` (training mode): a sandboxed,
+immutable Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
+extension and a ``{% generation %}`` block that renders its body, a ``tojson`` filter that
+keeps non-ASCII characters, the ``raise_exception`` helper, and the special tokens,
+``messages`` and ``add_generation_prompt=False`` as variables. One deliberate difference:
+``strftime_now`` formats a fixed date (the ``date`` option) instead of the clock, because the
+output of a pipeline must not depend on when it runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+#: Special-token keys of tokenizer_config.json passed to the template (as Hugging Face does).
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+    "additional_special_tokens",
+)
+#: Largest template or tokenizer_config.json read, in bytes.
+MAX_TEMPLATE_BYTES = 1 << 20
+MAX_CONFIG_BYTES = 64 << 20
+
+
+class ChatTemplateError(Exception):
+    """A template failed on one conversation (its own ``raise_exception`` or a Jinja error)."""
+
+
+def _token_text(value: Any) -> Any:
+    """A special token as text: tokenizer configs write either a string or an AddedToken dict."""
+    if isinstance(value, dict) and "content" in value:
+        return value["content"]
+    if isinstance(value, list):
+        return [_token_text(v) for v in value]
+    return value
+
+
+def _read_text(path: Path, limit: int, what: str) -> str:
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise ConfigError(f"{what} {str(path)!r} is {size} bytes, more than {limit}")
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {exc}") from exc
+
+
+def _template_from_config(config: Mapping[str, Any], where: str) -> str | None:
+    """The ``chat_template`` of a tokenizer config: a string, or the list form's "default"."""
+    value = config.get("chat_template")
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {
+            t.get("name"): t.get("template") for t in value if isinstance(t, dict) and "name" in t
+        }
+        if isinstance(named.get("default"), str):
+            return str(named["default"])
+        raise ConfigError(
+            f"{where}: chat_template is a list without a template named 'default' (names: "
+            f"{sorted(str(n) for n in named)}); give render_chat a template file"
+        )
+    raise ConfigError(f"{where}: chat_template must be a string or a list, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TemplateSource:
+    """Where a template and its special tokens came from (validated at construction)."""
+
+    text: str
+    origin: str
+    special_tokens: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise ConfigError(f"chat template from {self.origin}: empty template")
+
+    @property
+    def identity(self) -> str:
+        """sha256 of the template text and the special tokens (enters the fingerprint)."""
+        doc = json.dumps([self.text, dict(self.special_tokens)], sort_keys=True)
+        return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
+
+
+def find_template(tokenizer_path: str, template_path: str | None) -> TemplateSource:
+    """The template for ``render_chat`` (see the module docstring for the search order)."""
+    directory = Path(tokenizer_path).parent if tokenizer_path != "byte" else None
+    config: dict[str, Any] = {}
+    config_file = directory / "tokenizer_config.json" if directory else None
+    if config_file is not None and config_file.is_file():
+        try:
+            loaded = json.loads(_read_text(config_file, MAX_CONFIG_BYTES, "tokenizer config"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"tokenizer config {str(config_file)!r}: bad JSON ({exc})") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"tokenizer config {str(config_file)!r}: not a JSON object")
+        config = loaded
+    tokens = {k: _token_text(config[k]) for k in SPECIAL_TOKEN_KEYS if config.get(k) is not None}
+    if template_path is not None:
+        path = Path(template_path)
+        return TemplateSource(
+            _read_text(path, MAX_TEMPLATE_BYTES, "chat template"), str(path), tokens
+        )
+    jinja_file = directory / "chat_template.jinja" if directory else None
+    if jinja_file is not None and jinja_file.is_file():
+        text = _read_text(jinja_file, MAX_TEMPLATE_BYTES, "chat template")
+        return TemplateSource(text, str(jinja_file), tokens)
+    found = _template_from_config(config, str(config_file)) if config_file else None
+    if found is None:
+        looked = f"{config_file} and {jinja_file}" if config_file else "(no tokenizer directory)"
+        raise ConfigError(
+            f"render_chat: no chat template for tokenizer {tokenizer_path!r}: looked in "
+            f"{looked}; set render_chat.template to a Jinja template file"
+        )
+    return TemplateSource(found, f"{config_file}:chat_template", tokens)
+
+
+def _raise_exception(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Sequence[str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    seps = (str(separators[0]), str(separators[1])) if separators is not None else None
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=seps, sort_keys=sort_keys
+    )
+
+
+def _generation_extension() -> type:
+    """A Jinja extension for ``{% generation %}...{% endgeneration %}``: renders its body
+    (Hugging Face uses the block to find assistant tokens; Zephon finds them by rendering)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationBlock(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return GenerationBlock
+
+
+class ChatTemplate:
+    """A compiled chat template; :meth:`render` turns messages into text."""
+
+    def __init__(self, source: TemplateSource, *, date: datetime.date) -> None:
+        from jinja2 import TemplateSyntaxError
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        self.source = source
+        self.date = date
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[loopcontrols, _generation_extension()],
+        )
+        env.filters["tojson"] = _tojson
+        moment = datetime.datetime(date.year, date.month, date.day)
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = moment.strftime
+        try:
+            self._template = env.from_string(source.text)
+        except TemplateSyntaxError as exc:
+            raise ConfigError(
+                f"chat template from {source.origin}: syntax error at line {exc.lineno}: "
+                f"{exc.message}"
+            ) from exc
+        # Everything a render sees but the messages, globals included: rendering into a context
+        # built on a copy of this (a "shared" context) skips Jinja's per-call merge of the
+        # environment's globals, the largest fixed cost of rendering a short conversation.
+        self._scope: dict[str, Any] = {
+            **self._template.globals,
+            **source.special_tokens,
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": False,
+        }
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The template's text for ``messages`` (training: no generation prompt).
+
+        Raises :class:`ChatTemplateError` for any failure of the template on these messages.
+        """
+        scope = self._scope.copy()
+        scope["messages"] = list(messages)
+        template = self._template
+        try:
+            return "".join(template.root_render_func(template.new_context(scope, shared=True)))
+        except Exception as exc:  # any failure of the template is this conversation's problem
+            text = str(exc) or type(exc).__name__
+            raise ChatTemplateError(f"the chat template failed: {text}") from exc

@@ -1,0 +1,366 @@
+"""``render_chat``: chat and prompt/completion records to ``input_ids`` and ``loss_mask``.
+
+It replaces ``decode_text`` + ``tokenize`` for post-training data and reads the fetched
+record itself: a JSONL line (or a Parquet value holding JSON, or a list of messages) with
+
+* a ``messages`` field (name configurable): ``[{role, content}, ...]``, rendered with the
+  chat template (:mod:`..chat_template`); which characters are trained comes from rendering
+  the conversation turn by turn (:mod:`..chat_layout`), never from special-token ids;
+* or ``prompt`` and ``completion`` strings (names configurable): the text ``prompt +
+  completion``, trained on the completion, then the EOS token (trained) when
+  ``completion_eos`` is on and the tokenizer has one.
+
+The rendered text is tokenized once with offsets (in UTF-8 bytes, :mod:`..token_offsets`); a
+token is trained (mask 1) when its bytes overlap a trained range. ``max_length`` keeps the
+first ``max_length`` tokens. Payload out: ``{"input_ids": int32, "loss_mask": uint8}``, same
+length; meta as ``tokenize`` (one span over the document's tokens; the record closes its
+document).
+
+Bad records follow the dataset's ``on_error`` (tombstone reasons in brackets): JSON that does
+not parse (``malformed``); a missing or malformed messages field or a template that fails or
+cannot be attributed (``chat_error``); nothing to learn, all zeros (``mask_empty``); nothing
+masked, all ones (``mask_full``); a ``max_length`` cut that removes every trained token
+(``mask_truncated``); a tokenizer failure (``tokenize_error``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..chat_layout import TRAIN_ON, ChatError, check_messages, layout_chat
+from ..chat_template import ChatTemplate, TemplateSource, find_template
+from ..errors import ConfigError, DataError
+from ..records import SampleRecord, Span
+from ..token_offsets import byte_ranges
+from ..tokenizer import Tokenizer, load_tokenizer
+from .bad_record import describe_exception, on_bad_record
+from .base import Operator
+from .decode import _parse_problem
+
+MASK_DTYPE = np.uint8
+#: Tombstone reasons of this operator (all counted as skipped records).
+CHAT_ERROR, MASK_EMPTY, MASK_FULL, MASK_TRUNCATED = (
+    "chat_error",
+    "mask_empty",
+    "mask_full",
+    "mask_truncated",
+)
+FIXES = {
+    "malformed": "fix the record",
+    CHAT_ERROR: "fix the record or the chat template",
+    MASK_EMPTY: "give the record a turn to train on (an assistant turn or a completion) or "
+    "change render_chat.train_on",
+    MASK_FULL: "check that the chat template writes role headers (for a prompt/completion "
+    "record: give it a prompt)",
+    MASK_TRUNCATED: "raise render_chat.max_length or shorten the conversation",
+    "tokenize_error": "fix the record",
+}
+
+
+class RecordProblem(Exception):
+    """One record's problem: a tombstone reason and the text for the error message."""
+
+    def __init__(self, reason: str, problem: str) -> None:
+        super().__init__(problem)
+        self.reason = reason
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A record's text, its trained character ranges, and whether EOS is appended (trained)."""
+
+    text: str
+    trained: tuple[tuple[int, int], ...]
+    append_eos: bool
+    kind: str
+
+
+def token_mask(offsets: np.ndarray, ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """1 for every token whose characters overlap a trained range (an empty span counts as
+    its start character), else 0."""
+    mask = np.zeros(len(offsets), dtype=MASK_DTYPE)
+    if not ranges or not len(offsets):
+        return mask
+    starts = offsets[:, 0]
+    ends = np.maximum(offsets[:, 1], starts + 1)
+    for lo, hi in ranges:
+        mask[(starts < hi) & (ends > lo)] = 1
+    return mask
+
+
+def _record_object(payload: dict[str, Any]) -> Any:
+    """The record as Python data: a JSONL line parsed, a Parquet value parsed if it is text."""
+    if "raw" in payload:
+        value: Any = payload["raw"]
+    else:
+        value = payload.get("text")
+        if not isinstance(value, str | bytes):
+            return value  # e.g. a Parquet list column: the messages themselves
+    try:
+        return json.loads(value)
+    except Exception as exc:  # any failure parsing one record is that record's problem
+        raise RecordProblem("malformed", _parse_problem(exc)) from exc
+
+
+class RenderChat(Operator):
+    """Renders chat (``messages``) or prompt/completion records into tokens and a loss mask."""
+
+    op_name = "render_chat"
+    default_microbatch_size = 64
+
+    def output_tensors(self) -> tuple[str, ...]:
+        """``input_ids`` and the ``loss_mask`` aligned with them."""
+        return ("input_ids", "loss_mask")
+
+    def __init__(
+        self,
+        *,
+        tokenizer: str,
+        messages_field: str = "messages",
+        template: str | None = None,
+        train_on: str = "assistant",
+        max_length: int | None = None,
+        system_prompt: str | None = None,
+        prompt_field: str = "prompt",
+        completion_field: str = "completion",
+        completion_eos: bool = True,
+        max_messages: int = 1024,
+        date: str = "2025-01-01",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        _check_params(locals())
+        self.tokenizer_spec = tokenizer
+        self.messages_field = messages_field
+        self.template_path = template
+        self.train_on = train_on
+        self.max_length = max_length
+        self.system_prompt = system_prompt
+        self.prompt_field = prompt_field
+        self.completion_field = completion_field
+        self.completion_eos = completion_eos
+        self.max_messages = max_messages
+        self.date = date
+        self._tokenizer: Tokenizer | None = None
+        self._template: ChatTemplate | None = None
+        self.tokenizer  # noqa: B018 - validate at construction (fails fast on a bad path)
+        self.source: TemplateSource = find_template(tokenizer, template)
+        self.chat_template  # noqa: B018 - compile now: a syntax error is a config error
+        self.eos_id = self._eos_id()
+
+    # -- configuration -----------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The loaded tokenizer (loaded lazily after unpickling in a worker)."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_spec)
+        return self._tokenizer
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The compiled template (compiled lazily after unpickling in a worker)."""
+        if self._template is None:
+            day = datetime.date.fromisoformat(self.date)
+            self._template = ChatTemplate(self.source, date=day)
+        return self._template
+
+    def _eos_id(self) -> int:
+        """The EOS appended to completions: the template's ``eos_token`` if the tokenizer
+        knows it, else the tokenizer's own EOS; -1 when there is none."""
+        eos = self.source.special_tokens.get("eos_token")
+        lookup = getattr(self.tokenizer, "token_id", None)
+        if isinstance(eos, str) and lookup is not None:
+            found = lookup(eos)
+            if found is not None:
+                return int(found)
+        return int(self.tokenizer.eos_id)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tokenizer"] = None
+        state["_template"] = None
+        return state
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "tokenizer": self.tokenizer.identity,
+            "template": self.source.identity,
+            "messages_field": self.messages_field,
+            "train_on": self.train_on,
+            "max_length": self.max_length,
+            "system_prompt": self.system_prompt,
+            "prompt_field": self.prompt_field,
+            "completion_field": self.completion_field,
+            "completion_eos": self.completion_eos,
+            "max_messages": self.max_messages,
+            "date": self.date,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"render_chat(tokenizer={self.tokenizer.name!r}, template={self.source.origin!r}, "
+            f"train_on={self.train_on}, max_length={self.max_length})"
+        )
+
+    # -- per record --------------------------------------------------------------------------
+
+    def _render(self, payload: dict[str, Any]) -> Rendered:
+        """The text and trained ranges of one record (raises :class:`RecordProblem`)."""
+        obj = _record_object(payload)
+        if isinstance(obj, dict) and self.messages_field not in obj:
+            prompt, completion = obj.get(self.prompt_field), obj.get(self.completion_field)
+            if prompt is not None or completion is not None:
+                return self._prompt_completion(prompt, completion)
+            raise RecordProblem(
+                CHAT_ERROR,
+                f"missing messages field {self.messages_field!r} (and no "
+                f"{self.prompt_field!r}/{self.completion_field!r}; fields: {sorted(obj)[:8]})",
+            )
+        value = obj[self.messages_field] if isinstance(obj, dict) else obj
+        try:
+            messages = check_messages(value, self.messages_field, self.max_messages)
+            if self.system_prompt is not None and messages[0]["role"] != "system":
+                messages = [{"role": "system", "content": self.system_prompt}, *messages]
+            layout = layout_chat(self.chat_template, messages, self.train_on)
+        except ChatError as exc:
+            raise RecordProblem(CHAT_ERROR, str(exc)) from exc
+        return Rendered(layout.text, layout.trained, False, "chat")
+
+    def _prompt_completion(self, prompt: Any, completion: Any) -> Rendered:
+        for name, value in ((self.prompt_field, prompt), (self.completion_field, completion)):
+            if not isinstance(value, str):
+                raise RecordProblem(
+                    CHAT_ERROR, f"field {name!r} must be a string, got {type(value).__name__}"
+                )
+        start = len(prompt)
+        trained = ((start, start + len(completion)),) if completion else ()
+        eos = self.completion_eos and self.eos_id >= 0
+        return Rendered(prompt + completion, trained, eos, "prompt/completion")
+
+    def _tokens(self, rendered: Rendered, ids: np.ndarray, offsets: np.ndarray) -> dict[str, Any]:
+        """The payload of a rendered record, after the mask checks (raises RecordProblem)."""
+        mask = token_mask(offsets, byte_ranges(rendered.text, rendered.trained))
+        if rendered.append_eos:
+            ids = np.append(ids, np.int32(self.eos_id)).astype(np.int32)
+            mask = np.append(mask, MASK_DTYPE(1))
+        if not mask.any():
+            what = "no assistant turn" if rendered.kind == "chat" else "an empty completion"
+            raise RecordProblem(
+                MASK_EMPTY,
+                f"nothing to learn: no token of this {rendered.kind} record is trained "
+                f"({what} under train_on: {self.train_on})",
+            )
+        if mask.all():
+            raise RecordProblem(
+                MASK_FULL,
+                f"every token of this {rendered.kind} record would be trained (nothing is "
+                "masked: no prompt, role header or template text)",
+            )
+        if self.max_length is not None and len(ids) > self.max_length:
+            ids, mask = ids[: self.max_length], mask[: self.max_length]
+            if not mask.any():
+                raise RecordProblem(
+                    MASK_TRUNCATED,
+                    f"max_length {self.max_length} cuts away every trained token (the first "
+                    "trained token comes later)",
+                )
+        return {"input_ids": np.ascontiguousarray(ids, dtype=np.int32), "loss_mask": mask}
+
+    # -- the operator ------------------------------------------------------------------------
+
+    def process_many(self, elems: list[Any]) -> list[Any]:
+        rendered: list[Rendered | RecordProblem] = []
+        for rec in elems:
+            try:
+                rendered.append(self._render(rec.payload))
+            except RecordProblem as bad:
+                rendered.append(bad)
+            except Exception as exc:  # whatever else fails on one record
+                why = f"cannot render the record ({describe_exception(exc)})"
+                rendered.append(RecordProblem(CHAT_ERROR, why))
+        good = [i for i, r in enumerate(rendered) if isinstance(r, Rendered)]
+        encoded = self._encode([r for r in rendered if isinstance(r, Rendered)])
+        tokens: dict[int, tuple[np.ndarray, np.ndarray] | RecordProblem] = dict(zip(good, encoded))
+        out: list[Any] = []
+        for i, rec in enumerate(elems):
+            item = rendered[i]
+            try:
+                if isinstance(item, RecordProblem):
+                    raise item
+                result = tokens[i]
+                if isinstance(result, RecordProblem):
+                    raise result
+                payload = self._tokens(item, *result)
+            except RecordProblem as problem:
+                out.append(self._failed(rec, problem))
+                continue
+            n = len(payload["input_ids"])
+            out.append(SampleRecord(payload, rec.meta.with_spans((Span(rec.meta.doc, 0, n),))))
+        return out
+
+    def _encode(self, items: list[Rendered]) -> list[tuple[np.ndarray, np.ndarray] | RecordProblem]:
+        """Ids and offsets of each text: one batched call, or one per text if it raises."""
+        tok = self.tokenizer
+        try:
+            return list(tok.encode_offsets([r.text for r in items]))
+        except Exception:  # find the record(s) at fault below, one by one
+            pass
+        out: list[tuple[np.ndarray, np.ndarray] | RecordProblem] = []
+        for r in items:
+            try:
+                out.append(tok.encode_offsets([r.text])[0])
+            except Exception as exc:  # one record's failure is that record's problem
+                problem = f"the tokenizer failed on this record ({describe_exception(exc)})"
+                out.append(RecordProblem("tokenize_error", problem))
+        return out
+
+    def _failed(self, rec: SampleRecord, problem: RecordProblem) -> SampleRecord:
+        """The tombstone (``on_error: skip``) of a bad record, or the error (``fail``)."""
+        datasets = getattr(getattr(self, "ctx", None), "datasets", ())
+        text = f"render_chat: {problem.problem}"
+        if not datasets or rec.meta.doc is None:
+            raise DataError(f"{text} (record {rec.meta.cursor})") from problem
+        info = datasets[rec.meta.dataset_id]
+        return on_bad_record(rec, info, problem.reason, text, fix=FIXES[problem.reason])
+
+
+def _check_params(values: dict[str, Any]) -> None:
+    """ConfigError naming the parameter and value for every invalid parameter."""
+    for name in ("tokenizer", "messages_field", "prompt_field", "completion_field"):
+        if not isinstance(values[name], str) or not values[name]:
+            raise ConfigError(
+                f"render_chat: {name} must be a non-empty string, got {values[name]!r}"
+            )
+    if values["template"] is not None and not isinstance(values["template"], str):
+        raise ConfigError(f"render_chat: template must be a file path, got {values['template']!r}")
+    if values["train_on"] not in TRAIN_ON:
+        raise ConfigError(
+            f"render_chat: train_on must be one of {TRAIN_ON}, got {values['train_on']!r}"
+        )
+    for name, minimum in (("max_length", 1), ("max_messages", 1)):
+        value = values[name]
+        if (value is not None or name == "max_messages") and (
+            not isinstance(value, int) or isinstance(value, bool) or value < minimum
+        ):
+            raise ConfigError(f"render_chat: {name} must be an integer >= {minimum}, got {value!r}")
+    if values["system_prompt"] is not None and not isinstance(values["system_prompt"], str):
+        raise ConfigError(
+            f"render_chat: system_prompt must be a string, got {values['system_prompt']!r}"
+        )
+    if not isinstance(values["completion_eos"], bool):
+        raise ConfigError(
+            f"render_chat: completion_eos must be true or false, got {values['completion_eos']!r}"
+        )
+    try:
+        datetime.date.fromisoformat(values["date"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"render_chat: date must be an ISO date like 2025-01-01, got {values['date']!r}"
+        ) from exc

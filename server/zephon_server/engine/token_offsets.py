@@ -1,0 +1,102 @@
+"""Token offsets: where each token of a text starts and ends, in UTF-8 bytes.
+
+``render_chat`` maps trained character ranges to tokens through offsets. Hugging Face
+``tokenizers`` computes character offsets on request, which costs noticeably more than
+encoding without them. For the common byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, ...)
+offsets follow from the ids alone: with no normalizer and no prefix space added, the tokens
+of a text are its UTF-8 bytes cut into pieces, in order, and a vocabulary token of the
+byte-level alphabet stands for one byte per character. :func:`byte_length_table` recognises
+such a tokenizer (from its ``tokenizer.json``) and gives each id's length in bytes; offsets
+are then a cumulative sum. :func:`offsets_from_lengths` checks per text that the lengths add
+up to the text's byte length (an added token that strips whitespace, for example, breaks
+that) and returns None otherwise, and the caller asks the tokenizer for offsets instead.
+:func:`char_to_byte_offsets` converts the tokenizer's character offsets to bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+def _byte_level_pretokenizer(spec: Any) -> bool:
+    """A ByteLevel pre-tokenizer without prefix space, alone or after Split steps."""
+    if not isinstance(spec, dict):
+        return False
+    if spec.get("type") == "Sequence":
+        steps = spec.get("pretokenizers") or []
+        return (
+            bool(steps)
+            and all(s.get("type") == "Split" or _byte_level_pretokenizer(s) for s in steps)
+            and any(s.get("type") == "ByteLevel" for s in steps)
+        )
+    return spec.get("type") == "ByteLevel" and not spec.get("add_prefix_space", False)
+
+
+def byte_length_table(tokenizer_json: str, tokenizer: Any) -> np.ndarray | None:
+    """Bytes per token id of a byte-level BPE tokenizer, or None when offsets cannot be
+    derived from ids (another model or pre-tokenizer, a normalizer, a non-byte vocabulary)."""
+    try:
+        spec = json.loads(tokenizer_json)
+    except ValueError:
+        return None
+    model = spec.get("model") or {}
+    if spec.get("normalizer") is not None or model.get("type") != "BPE":
+        return None
+    if not _byte_level_pretokenizer(spec.get("pre_tokenizer")):
+        return None
+    from tokenizers import pre_tokenizers
+
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    added = {int(t["id"]): str(t["content"]) for t in spec.get("added_tokens") or []}
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    table = np.zeros(size, dtype=np.int64)
+    for token, tid in tokenizer.get_vocab(with_added_tokens=True).items():
+        if tid in added:
+            table[tid] = len(added[tid].encode("utf-8"))
+        elif set(token) <= alphabet:
+            table[tid] = len(token)
+        else:
+            logger.debug("token %r is not byte-level: offsets come from the tokenizer", token)
+            return None
+    return table
+
+
+def offsets_from_lengths(ids: np.ndarray, table: np.ndarray, text: str) -> np.ndarray | None:
+    """Byte offsets ``[n, 2]`` of ``ids`` from their lengths, or None when the lengths do not
+    add up to ``text``'s UTF-8 length (the tokens then do not tile the text)."""
+    ends = np.cumsum(table[ids])
+    total = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    if (int(ends[-1]) if len(ends) else 0) != total:
+        return None
+    out = np.empty((len(ids), 2), dtype=np.int64)
+    out[:, 1] = ends
+    out[:, 0] = ends - table[ids]
+    return out
+
+
+def char_to_byte_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Character offsets ``[(start, end), ...]`` of ``text`` as UTF-8 byte offsets."""
+    chars = np.asarray(offsets, dtype=np.int64).reshape(len(offsets), 2)
+    if text.isascii():
+        return chars
+    widths = np.fromiter((len(c.encode("utf-8", "surrogatepass")) for c in text), np.int64)
+    starts = np.concatenate([[0], np.cumsum(widths)])  # byte position of each character
+    return starts[chars]
+
+
+def byte_ranges(text: str, ranges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Character ranges of ``text`` as UTF-8 byte ranges."""
+    if text.isascii():
+        return tuple(ranges)
+
+    def at(i: int) -> int:
+        return len(text[:i].encode("utf-8", "surrogatepass"))
+
+    return tuple((at(lo), at(hi)) for lo, hi in ranges)
