@@ -169,7 +169,11 @@ class PageRun:
         self.workdir = workdir
         bindir = workdir / ".bin"
         bindir.mkdir()
-        (bindir / "python").symlink_to(sys.executable)
+        # A wrapper, not a symlink: a symlink to a venv's python does not find the venv's
+        # pyvenv.cfg, so examples would run on the base interpreter without its packages.
+        python = bindir / "python"
+        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
         zephon = bindir / "zephon"
         zephon.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m zephon_server.cli "$@"\n')
         zephon.chmod(0o755)
