@@ -30,7 +30,7 @@ class Fetch(Operator):
     op_name = "fetch"
     # Fetch heads the fused fetch → decode → tokenize step, so this is that step's call size:
     # 256 documents amortise the per-call work (shard grouping, coalesced reads, task hand-off,
-    # reordering) better than 64 (about 5% less CPU per token on the 2-core benchmark machine).
+    # reordering) better than 64 (docs/decisions.md, "Fusion", has the measurement).
     default_microbatch_size = 256
 
     def traits(self) -> OpTraits:
