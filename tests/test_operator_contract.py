@@ -232,6 +232,8 @@ def test_a_subclass_of_batch_may_not_stall_but_may_flush(corpus_specs):
 def test_a_stalling_operator_fused_behind_the_head_is_refused():
     with pytest.raises(ContractError, match="'wants_to_stall'"):
         Step([Passing(), WantsToStall()], 0)
+    with pytest.raises(ContractError, match="'wants_to_stall'"):
+        Step([Batch(microbatch_size=2, drop_last=True), WantsToStall()], 0)
 
 
 def test_plan_marks_only_the_stalling_batch(corpus_specs):

@@ -117,9 +117,9 @@ class Step:
 
 def _stalls(ops: Sequence[Operator]) -> bool:
     """Whether a step holds sentinels back: its head is the built-in ``batch`` and says so."""
-    for position, op in enumerate(ops):
-        if not op.stalls_at_sentinel():
-            continue
+    stalling = [position for position, op in enumerate(ops) if op.stalls_at_sentinel()]
+    for position in stalling:
+        op = ops[position]
         if type(op) is not Batch or position != 0:
             raise ContractError(
                 f"operator {op.op_name!r} ({type(op).__name__}): stalls_at_sentinel() returned "
@@ -127,8 +127,7 @@ def _stalls(ops: Sequence[Operator]) -> bool:
                 "back; return False (the default) and make flush(reset=True, lane_id=...) emit "
                 "and reset the lane (see 'Flush sentinels and stalling')"
             )
-        return True
-    return False
+    return bool(stalling)
 
 
 class Task:
