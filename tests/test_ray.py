@@ -297,4 +297,4 @@ def test_ray_address_config_key(tmp_path, corpus_dir):
     with pytest.raises(ConfigError, match=r"execution\.ray_address"):
         ExecutionConfig(ray_address=5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="placement"):
-        Operator(placement="cluster")
+        Boom(placement="cluster")  # Operator is abstract: a concrete one validates
