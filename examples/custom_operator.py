@@ -10,7 +10,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from zephon_server.engine.ops import CountingAccumulator, Operator, OpTraits
+from zephon_server.api import (
+    CountingAccumulator,
+    Operator,
+    OpTraits,
+    Pipeline,
+    default_pipeline_specs,
+)
 
 
 class DedupeAccumulator(CountingAccumulator):
@@ -66,9 +72,6 @@ class DedupeWithinEpoch(Operator):
 
 def build():
     """The pipeline for ``zephon dump --pipeline examples/custom_operator.py:build``."""
-    from zephon_server.defaults import default_pipeline_specs
-    from zephon_server.engine.pipeline import Pipeline
-
     pipe = Pipeline(default_pipeline_specs(), seed=7, lanes=4, chunk_size=64)
     return (
         pipe.decode_text()

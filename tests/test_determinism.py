@@ -12,7 +12,7 @@ from conftest import make_pipeline
 from helpers import assert_closed_exactly_once
 from zephon_server.engine.errors import WorkerError
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.ops.base import Operator
+from zephon_server.engine.ops.base import Operator, OpTraits
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.records import LaneEnd, SampleBatch
 
@@ -77,6 +77,9 @@ class SlowOnSomeBatches(Operator):
     op_name = "slow"
     default_microbatch_size = 5
 
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
     def process_many(self, elems):
         if elems[0].meta.doc.row % 2 == 0:
             time.sleep(0.01)
@@ -132,6 +135,9 @@ def test_lane_end_follows_each_lane(corpus_specs):
 class Exploding(Operator):
     op_name = "exploding"
 
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
     def process_many(self, elems):
         if any(e.meta.cursor == (1, 3) for e in elems):
             raise RuntimeError("bad record here")
@@ -147,6 +153,9 @@ def test_worker_exception_names_the_operator(corpus_specs, runner):
 
 class ReturnsDict(Operator):
     op_name = "returns_dict"
+
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
 
     def process_many(self, elems):
         return [e.payload for e in elems]

@@ -24,6 +24,9 @@ class CrashOnce(Operator):
 
     op_name = "crash_once"
 
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
     def process_many(self, elems):
         if any(e.meta.cursor == (2, 5) for e in elems):
             os._exit(3)

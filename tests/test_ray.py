@@ -22,7 +22,7 @@ from service_helpers import dump_digests, write_config
 from zephon_server.engine.config import load_config
 from zephon_server.engine.errors import ConfigError, WorkerError
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.ops.base import Operator
+from zephon_server.engine.ops.base import Operator, OpTraits
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.runners import ray as ray_runner
 from zephon_server.engine.runners.ray import RayRunner
@@ -168,6 +168,9 @@ class DieOnce(Operator):
         super().__init__(**kwargs)
         self.marker = marker
 
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
     def process_many(self, elems):
         try:
             fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -208,6 +211,9 @@ class Boom(Operator):
 
     op_name = "boom_op"
 
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
     def process_many(self, elems):
         if any(e.meta.cursor[:2] == (1, 3) for e in elems):
             raise ValueError("boom at (1, 3)")
@@ -234,6 +240,9 @@ class BadSetup(Operator):
         if ctx.worker_id:  # only on workers: the driver sets up with worker_id 0
             raise RuntimeError("no GPU here")
 
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
     def process_many(self, elems):
         return elems
 
@@ -246,6 +255,9 @@ def test_setup_failure_on_a_worker_is_a_clear_error(corpus_specs):
 
 class AlwaysDie(Operator):
     op_name = "always_die"
+
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
 
     def process_many(self, elems):
         os._exit(9)
@@ -285,4 +297,4 @@ def test_ray_address_config_key(tmp_path, corpus_dir):
     with pytest.raises(ConfigError, match=r"execution\.ray_address"):
         ExecutionConfig(ray_address=5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="placement"):
-        Operator(placement="cluster")
+        Boom(placement="cluster")  # Operator is abstract: a concrete one validates

@@ -170,9 +170,8 @@ class DataClient:
     clients get; each batch reaches the loop alone either way, but until its ``rows`` and
     ``closed`` are read it keeps its whole message in memory). ``shared_memory`` lets a
     server on the same host pass tensor bytes through a shared-memory ring instead of the
-    messages (~20% less client CPU per token in paired runs on the benchmark pipeline; a
-    remote server's offer is declined and the bytes come in the messages; the batches are the
-    same either way).
+    messages (less client CPU per token, measured in docs/decisions.md; a remote server's offer
+    is declined and the bytes come in the messages; the batches are the same either way).
 
     Iterate it (``for batch in client``) to get :class:`Batch` objects; see the module
     documentation for consumption, positions, resuming and reconnecting. Construction calls

@@ -4,8 +4,8 @@ All lanes of all :class:`~zephon_client.DataClient` objects in a process are rea
 daemon thread (``zephon-client-io``) running ``grpc.aio`` calls, rather than by a reader
 thread per lane on top of the synchronous gRPC API. Each received batch then costs one
 wake-up of the consumer instead of a chain of thread hand-offs (the gRPC polling thread, the
-call's condition variable, a reader thread, a queue): on the benchmark's 214 KB batches the
-client's CPU per batch fell by about a third (``docs/decisions.md``).
+call's condition variable, a reader thread, a queue), which costs markedly less client CPU
+per batch (measured in ``docs/decisions.md``, "The client reads streams on one asyncio thread").
 
 The loop starts on first use. A forked child starts its own on first use: threads do not
 survive ``fork``, so a client must be created in the process that uses it.

@@ -5,5 +5,5 @@ This package never imports gRPC (a test enforces it); the service layer adapts i
 
 from .arenas import widen_malloc_arenas
 
-# Before the process starts its threads: tokenizer threads sharing a malloc arena run ~3x slower.
+# Before the process starts its threads: tokenizer threads sharing a malloc arena serialize.
 widen_malloc_arenas()

@@ -225,13 +225,6 @@ def write_jsonl_gz(
     return write_jsonl(path, rows, compression="gz")
 
 
-def write_jsonl_zst(
-    path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any] | str | bytes]
-) -> Path:
-    """Write a zstd-compressed JSONL shard (see :func:`write_jsonl`)."""
-    return write_jsonl(path, rows, compression="zst")
-
-
 def write_parquet(
     path: str | os.PathLike[str],
     rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]],

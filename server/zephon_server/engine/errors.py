@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import abc
+
 
 class ZephonError(Exception):
     """Base class of every error the Zephon engine raises on purpose."""
@@ -44,3 +46,19 @@ class WorkerError(ZephonError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
         return (type(self), (self.op_name, self._message, self.remote_traceback))
+
+
+def refuse_abstract(cls: type, kind: str, guide: str) -> None:
+    """Raise ``TypeError`` naming the class, its unimplemented abstract methods and the guide.
+
+    Called from the ``__new__`` of the contract base classes (:class:`~.ops.base.Operator`,
+    :class:`~.ops.accumulators.Accumulator`) so that a subclass missing a required method
+    fails at construction with the fix, not deep inside a run.
+    """
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing and isinstance(cls, abc.ABCMeta):
+        methods = ", ".join(f"{name}()" for name in missing)
+        raise TypeError(
+            f"Can't instantiate {kind} class {cls.__name__}: it must implement {methods} "
+            f"(see {guide})"
+        )

@@ -166,8 +166,9 @@ class IndexDir:
         """Temp file + rename, without ``fsync``: a blob is derived data sealed by a checksum,
         so the rename (readers and concurrent writers see a whole file or none) is all that
         correctness needs; a crash before the data reached the disk leaves an empty or torn
-        file, which fails its checksum and is rebuilt with a warning. Syncing every entry cost
-        about a third of a cold start over many small shards (``docs/decisions.md``)."""
+        file, which fails its checksum and is rebuilt with a warning. Syncing every entry was a
+        large part of a cold start over many small shards (measured in ``docs/decisions.md``,
+        "Index entries are not fsynced")."""
         directory = os.path.dirname(target)
         if directory not in self._made:
             os.makedirs(directory, exist_ok=True)

@@ -80,6 +80,7 @@ class Pipeline:
         """Append an operator instance (built-in or custom); returns self for chaining."""
         if not isinstance(op, Operator):
             raise ConfigError(f"pipeline: expected an Operator, got {type(op).__name__}")
+        op.declared_traits()  # a missing or bad OpTraits fails here, naming the operator
         self.ops.append(op)
         return self
 

@@ -182,7 +182,7 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
         steps: list[Step] = []
         run: list[Operator] = []
         for op in group:
-            if execution.fuse and run and op.traits().fusable and run[-1].traits().fusable:
+            if execution.fuse and run and _fusable(op) and _fusable(run[-1]):
                 run.append(op)
                 continue
             if run:
@@ -195,9 +195,14 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     return plan
 
 
+def _fusable(op: Operator) -> bool:
+    """The operator's declared ``fusable`` (its traits checked: a bad declaration names it)."""
+    return op.declared_traits().fusable
+
+
 def _same_stage(group: list[Operator], op: Operator) -> bool:
     """Map-like (fusable) operators share a stage; stateful ones start their own."""
-    return group[-1].traits().fusable == op.traits().fusable
+    return _fusable(group[-1]) == _fusable(op)
 
 
 def _workers(ops: list[Operator], execution: ExecutionConfig) -> int:
@@ -216,6 +221,6 @@ def _workers(ops: list[Operator], execution: ExecutionConfig) -> int:
 def _runner_for(group: list[Operator], execution: ExecutionConfig) -> str:
     if group[0].placement == "remote":
         return "ray"
-    if execution.runner in ("processes", "ray") and not group[0].traits().fusable:
+    if execution.runner in ("processes", "ray") and not _fusable(group[0]):
         return "threads"
     return execution.runner

@@ -130,10 +130,6 @@ class SampleRecord:
     def cursor(self) -> Cursor:
         return self.meta.cursor
 
-    @property
-    def is_tombstone(self) -> bool:
-        return bool(self.meta.tombstone)
-
     def with_payload(self, payload: Any, **meta_changes: Any) -> SampleRecord:
         """The same identity with a rebuilt payload (and optionally changed meta fields)."""
         meta = self.meta.replace(**meta_changes) if meta_changes else self.meta

@@ -8,30 +8,42 @@ and leave every other lane untouched. See the spec page, "Accumulators".
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import refuse_abstract
+
 MicroBatch = list[Any]
 
 
-class Accumulator:
-    """Base accumulator: the four methods and the ``reads_payload`` flag of the spec page."""
+class Accumulator(abc.ABC):
+    """Abstract accumulator: the four methods and the ``reads_payload`` flag of the spec page.
+
+    ``push_many``, ``flush`` and ``has_pending_data`` are abstract (the spec gives them no
+    default); ``try_epoch_reset`` has the spec's conservative default. Instantiating a
+    subclass that misses one raises ``TypeError`` naming the methods.
+    """
 
     #: Set to True when push_many inspects payloads (the runner then resolves lazy handles).
     reads_payload: bool = False
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Accumulator:
+        refuse_abstract(cls, "accumulator", "docs/custom-operators.md")
+        return super().__new__(cls)
+
+    @abc.abstractmethod
     def push_many(self, elems: Sequence[Any]) -> list[MicroBatch]:
         """Consume elements from upstream (in order) and return zero or more micro-batches."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def flush(self, *, reset: bool = False, lane_id: int | None = None) -> list[MicroBatch]:
         """Emit what is buffered: every lane at end of stream, or one lane (and reset it)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def has_pending_data(self, lane_id: int | None = None) -> bool:
         """Whether a flush (of ``lane_id``, or of any lane) would produce anything."""
-        raise NotImplementedError
 
     def try_epoch_reset(self, boundary_chunk_id: int, lane_id: int) -> bool:
         """Whether a stalled sentinel at ``boundary_chunk_id`` may be released for the lane.

@@ -1,19 +1,23 @@
-"""The operator contract: traits, context, and the base class every operator subclasses.
+"""The operator contract: traits, context, and the abstract base class every operator subclasses.
 
 An operator never knows how it is executed. The runner drives its accumulator serially and
 hands micro-batches to ``process_many`` on any number of workers, so ``process_many`` must be
-stateless across calls. The base class wraps the user hooks (:meth:`Operator.run_many`):
-tombstones pass around ``process_many`` untouched and in place, and results are type-checked.
+stateless across calls. The base class wraps the user hooks: :meth:`Operator.run_many` passes
+tombstones around ``process_many`` untouched and in place and type-checks results, and
+:meth:`Operator.declared_traits` turns a badly built :class:`OpTraits` into a
+:class:`~..errors.ContractError` naming the operator. ``traits`` and ``process_many`` are
+abstract: whether an operator keeps cursor order changes correctness, so it has no default.
 """
 
 from __future__ import annotations
 
+import abc
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import ConfigError, UnsupportedElementError
+from ..errors import ConfigError, ContractError, UnsupportedElementError, refuse_abstract
 from ..records import SampleBatch, SampleRecord
 from .accumulators import Accumulator, CountingAccumulator
 
@@ -22,17 +26,18 @@ EXECUTION_PARAMS = ("parallelism", "microbatch_size", "placement")
 PLACEMENTS = ("local", "remote")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OpTraits:
-    """What an operator declares to the planner.
+    """What an operator declares to the planner (keyword arguments only).
 
-    ``preserves_cursor_order``: output records leave in the order their inputs arrived (so the
-    operator needs no epoch reset for replay). ``fusable``: the accumulator is a plain
-    count-based grouping and ``process_many`` is stateless, so the planner may run the
-    operator in the same worker call as its neighbours.
+    ``preserves_cursor_order`` (required, no default): output records leave in the order their
+    inputs arrived (so the operator needs no epoch reset for replay); an operator that reorders
+    must say False, and a forgotten declaration must not pass as True. ``fusable``: the
+    accumulator is a plain count-based grouping and ``process_many`` is stateless, so the
+    planner may run the operator in the same worker call as its neighbours.
     """
 
-    preserves_cursor_order: bool = True
+    preserves_cursor_order: bool
     fusable: bool = True
 
     def __post_init__(self) -> None:
@@ -70,11 +75,21 @@ def _process_shard_cache(index: Any) -> Any:
     return cache_for(index)
 
 
-class Operator:
-    """Base class of every operator, built-in or custom.
+#: How to declare traits, quoted by the errors that catch a missing or bad declaration.
+TRAITS_FIX = (
+    "return OpTraits(preserves_cursor_order=True|False, fusable=...) from traits(): say False "
+    "when output records can leave in another order than their inputs arrived"
+)
+
+
+class Operator(abc.ABC):
+    """Abstract base class of every operator, built-in or custom.
 
     Subclasses set ``op_name`` and ``default_microbatch_size``, store their data-shaping
-    parameters (returned by :meth:`params`) and implement :meth:`process_many`.
+    parameters (returned by :meth:`params`) and implement the abstract :meth:`traits` and
+    :meth:`process_many`; ``accumulator``, ``setup`` and ``process_one`` have defaults that
+    suit a stateless operator. Instantiating a subclass that misses one raises ``TypeError``
+    naming the methods.
     """
 
     op_name: ClassVar[str] = "operator"
@@ -111,6 +126,10 @@ class Operator:
         self.placement = placement
         self._microbatch_size = microbatch_size
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Operator:
+        refuse_abstract(cls, "operator", "docs/custom-operators.md")
+        return super().__new__(cls)
+
     # -- contract -------------------------------------------------------------------------
 
     @property
@@ -126,9 +145,39 @@ class Operator:
         """Names of the row tensors this operator adds (GetInfo's tensor schema); none here."""
         return ()
 
+    @abc.abstractmethod
     def traits(self) -> OpTraits:
-        """Declared traits; the default is an order-preserving, fusable, stateless operator."""
-        return OpTraits()
+        """Declared traits, e.g. ``OpTraits(preserves_cursor_order=True)`` for an operator
+        that keeps input order and groups statelessly. No default: see :class:`OpTraits`."""
+
+    def declared_traits(self) -> OpTraits:
+        """:meth:`traits`, checked: what the planner reads.
+
+        A missing ``preserves_cursor_order``, a positional argument or something other than an
+        :class:`OpTraits` raises :class:`~..errors.ContractError` naming the operator and the fix.
+        """
+        try:
+            traits = self.traits()
+        except TypeError as exc:
+            if not str(exc).startswith("OpTraits.__init__()"):
+                raise
+            raise ContractError(
+                f"operator {self.op_name!r} ({type(self).__name__}.traits): {exc}; {TRAITS_FIX}"
+            ) from exc
+        if not isinstance(traits, OpTraits):
+            raise ContractError(
+                f"operator {self.op_name!r}: traits() returned {type(traits).__name__}; "
+                f"{TRAITS_FIX}"
+            )
+        return traits
+
+    def stalls_at_sentinel(self) -> bool:
+        """Whether this operator holds a flush sentinel back instead of flushing ("stalls").
+
+        Not an extension point: the spec allows it for ``batch(drop_last=True)`` only, and the
+        runner raises :class:`~..errors.ContractError` when any other operator answers True.
+        """
+        return False
 
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         """The accumulator grouping this operator's input into micro-batches.
@@ -144,9 +193,9 @@ class Operator:
         """Runs once per worker before any data arrives."""
         self.ctx = ctx
 
+    @abc.abstractmethod
     def process_many(self, elems: list[Any]) -> list[Any]:
         """Transform a micro-batch; stateless across calls. Must return records or batches."""
-        raise NotImplementedError(f"{type(self).__name__} must implement process_many")
 
     def process_one(self, elem: Any) -> list[Any]:
         """Transform one element; by default a one-element ``process_many``."""

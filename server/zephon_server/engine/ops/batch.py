@@ -140,6 +140,10 @@ class Batch(Operator):
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True, fusable=False)
 
+    def stalls_at_sentinel(self) -> bool:
+        # The spec's one stalling operator: a partial batch cannot be emitted at a sentinel.
+        return self.drop_last
+
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         return BatchAccumulator(
             self.microbatch_size,

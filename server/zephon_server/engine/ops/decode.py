@@ -16,7 +16,7 @@ from typing import Any
 
 from ..records import SampleRecord
 from .bad_record import describe_exception, on_bad_record
-from .base import OpContext, Operator
+from .base import OpContext, Operator, OpTraits
 
 
 def _text_of(payload: dict[str, Any], field: str) -> tuple[Any, str | None]:
@@ -60,6 +60,10 @@ class DecodeText(Operator):
 
     op_name = "decode_text"
     default_microbatch_size = 128
+
+    def traits(self) -> OpTraits:
+        # Records leave in input order; count-based grouping: fusable with its neighbours.
+        return OpTraits(preserves_cursor_order=True, fusable=True)
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)

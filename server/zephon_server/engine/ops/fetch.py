@@ -19,7 +19,7 @@ from ..errors import DataError, ShardChanged
 from ..records import SampleRecord
 from ..shards import Oversized
 from .bad_record import on_bad_record
-from .base import OpContext, Operator
+from .base import OpContext, Operator, OpTraits
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,12 @@ class Fetch(Operator):
     op_name = "fetch"
     # Fetch heads the fused fetch → decode → tokenize step, so this is that step's call size:
     # 256 documents amortise the per-call work (shard grouping, coalesced reads, task hand-off,
-    # reordering) better than 64 (about 5% less CPU per token on the 2-core benchmark machine).
+    # reordering) better than 64 (docs/decisions.md, "Fusion", has the measurement).
     default_microbatch_size = 256
+
+    def traits(self) -> OpTraits:
+        # Records leave in input order; count-based grouping: fusable with its neighbours.
+        return OpTraits(preserves_cursor_order=True, fusable=True)
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Operator
+from .base import Operator, OpTraits
 
 
 def resolve_callable(fn: Callable[..., Any] | str, *, what: str) -> Callable[..., Any]:
@@ -54,6 +54,10 @@ class MapTransform(Operator):
 
     op_name = "map_transform"
     default_microbatch_size = 64
+
+    def traits(self) -> OpTraits:
+        # Records leave in input order; count-based grouping: fusable with its neighbours.
+        return OpTraits(preserves_cursor_order=True, fusable=True)
 
     def __init__(self, *, fn: Callable[..., Any] | str, **kwargs: Any) -> None:
         super().__init__(**kwargs)

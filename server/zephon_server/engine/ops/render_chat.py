@@ -39,7 +39,7 @@ from ..records import SampleRecord, Span
 from ..token_offsets import byte_ranges
 from ..tokenizer import Tokenizer, load_tokenizer
 from .bad_record import describe_exception, on_bad_record
-from .base import Operator
+from .base import Operator, OpTraits
 from .decode import _parse_problem
 
 MASK_DTYPE = np.uint8
@@ -117,6 +117,10 @@ class RenderChat(Operator):
     def output_tensors(self) -> tuple[str, ...]:
         """``input_ids`` and the ``loss_mask`` aligned with them."""
         return ("input_ids", "loss_mask")
+
+    def traits(self) -> OpTraits:
+        """One record in, one record out, in input order; stateless micro-batches."""
+        return OpTraits(preserves_cursor_order=True)
 
     def __init__(
         self,

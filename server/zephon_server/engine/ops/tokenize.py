@@ -21,7 +21,7 @@ from ..records import SampleRecord, Span
 from ..replay_cache import REPLAY_CACHE, ReplayCache
 from ..tokenizer import Tokenizer, load_tokenizer
 from .bad_record import describe_exception, on_bad_record
-from .base import OpContext, Operator
+from .base import OpContext, Operator, OpTraits
 
 #: Token ids per record, and the exception of each record the tokenizer failed on (by index).
 Encoded = tuple[list[np.ndarray], dict[int, Exception]]
@@ -32,6 +32,10 @@ class Tokenize(Operator):
 
     op_name = "tokenize"
     default_microbatch_size = 64
+
+    def traits(self) -> OpTraits:
+        # Records leave in input order; count-based grouping: fusable with its neighbours.
+        return OpTraits(preserves_cursor_order=True, fusable=True)
 
     def __init__(
         self,

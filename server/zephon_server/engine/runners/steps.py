@@ -10,7 +10,11 @@ control items into an ordered list of *tasks* (micro-batches for the workers) an
   the flushed micro-batches; if the lane still has pending data afterwards, the accumulator
   broke the contract and the driver raises, naming the operator;
 * for the one stalling operator (``batch(drop_last=True)``) a sentinel meeting pending data
-  on its lane is held back, per lane, and released once ``try_epoch_reset`` succeeds;
+  on its lane is held back, per lane, and released once ``try_epoch_reset`` succeeds. The
+  step asks its operator (``stalls_at_sentinel()``), and honours the answer only from the
+  built-in ``batch``: stalling is not an extension point (the checkpoint holds no replay
+  state for another stalling operator), so any other operator answering True is a
+  :class:`ContractError` when the plan is built;
 * a :class:`LaneEnd` calls ``end_lane`` and is forwarded after what that emits.
 """
 
@@ -72,7 +76,7 @@ class Step:
         self.workers = workers
         self.name = "+".join(op.op_name for op in self.ops)
         # The runner decides stalling from the operator instance, not from a trait.
-        self.stalls = isinstance(self.ops[0], Batch) and self.ops[0].drop_last
+        self.stalls = _stalls(self.ops)
         self.timing = OpTiming()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -109,6 +113,21 @@ class Step:
                 ) from exc
         self.timing.observe(time.perf_counter() - started)
         return elems
+
+
+def _stalls(ops: Sequence[Operator]) -> bool:
+    """Whether a step holds sentinels back: its head is the built-in ``batch`` and says so."""
+    stalling = [position for position, op in enumerate(ops) if op.stalls_at_sentinel()]
+    for position in stalling:
+        op = ops[position]
+        if type(op) is not Batch or position != 0:
+            raise ContractError(
+                f"operator {op.op_name!r} ({type(op).__name__}): stalls_at_sentinel() returned "
+                "True, but only the built-in batch(drop_last=True) may hold a flush sentinel "
+                "back; return False (the default) and make flush(reset=True, lane_id=...) emit "
+                "and reset the lane (see 'Flush sentinels and stalling')"
+            )
+    return bool(stalling)
 
 
 class Task:
