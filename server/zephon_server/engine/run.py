@@ -213,13 +213,17 @@ class PipelineRun:
         then usually enough); a lane starting at an epoch boundary (a fresh start) at most
         :data:`FIRST_BATCH_CHUNKS` chunks. A lane that needs more gets it in the
         round-robin after. The order lanes are fed in never changes a lane's stream.
+
+        Fresh lanes are put first only under a gate (a server's hub: readers wait per lane);
+        consumed in-process (``batches()``, ``zephon dump``) a fresh run keeps the plain
+        round-robin, so its interleaving of lanes is the same on every runner.
         """
         out = {}
         for lane, log_ in self.logs.items():
             cursor = targets.get(lane)
             if cursor is not None:
                 out[lane] = min(self._epoch_end(cursor[0]), cursor[0] + 2)
-            else:
+            elif self.gate is not None:
                 out[lane] = log_.start.boundary_chunk + FIRST_BATCH_CHUNKS
         return out
 
