@@ -141,7 +141,12 @@ def _end_of_turn(
     """Where message ``i``'s end of turn ends in ``full`` (its content ends at ``end``): the
     conversation rendered up to message ``i`` (content replaced by a marker) shows what the
     template writes after the content when the turn closes; the part the whole rendering
-    also has there, without trailing newlines, is the end of turn."""
+    also has there, without trailing newlines, is the end of turn.
+
+    For the last message that rendering is the whole conversation, whose text after the
+    content :func:`_content_ranges` already checked: no render needed."""
+    if i == len(messages) - 1:
+        return end + len(full[end:].rstrip("\n"))
     probe = _render(template, [*messages[:i], {**messages[i], "content": MARKER}])
     at = probe.find(MARKER)
     if at < 0:

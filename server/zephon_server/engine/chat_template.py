@@ -19,6 +19,7 @@ output of a pipeline must not depend on when it runs.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -176,17 +177,110 @@ def _generation_extension() -> type:
     return GenerationBlock
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+#: ``str`` methods templates call (``content.strip()``, ``content.split('</think>')``): pure
+#: functions of an immutable value. ``format``/``format_map`` are not here: the sandbox guards
+#: those when they are called.
+_STR_METHODS = frozenset(
+    [
+        "startswith",
+        "endswith",
+        "split",
+        "rsplit",
+        "splitlines",
+        "strip",
+        "lstrip",
+        "rstrip",
+        "lower",
+        "upper",
+        "title",
+        "capitalize",
+        "replace",
+        "find",
+        "rfind",
+        "index",
+        "rindex",
+        "count",
+        "join",
+        "partition",
+        "rpartition",
+        "isdigit",
+        "isspace",
+        "isalpha",
+        "isalnum",
+        "islower",
+        "isupper",
+    ]
+)
+#: Attributes of Jinja's ``loop`` object.
+_LOOP_ATTRIBUTES = frozenset(
+    [
+        "index",
+        "index0",
+        "revindex",
+        "revindex0",
+        "first",
+        "last",
+        "length",
+        "previtem",
+        "nextitem",
+        "depth",
+        "depth0",
+    ]
+)
+
+
+@functools.cache
+def _environment_class() -> type:
+    """The immutable sandbox with a fast path for reading a key of a plain dict.
+
+    Messages are plain dicts parsed from JSON, and templates read ``message.role`` or
+    ``message['content']`` many times per render; the sandbox's general path (an attribute
+    lookup that fails, then the item, through its safety checks) dominated rendering. The fast
+    path returns ``obj[name]`` exactly where Jinja would: the key exists and, for ``obj.name``,
+    ``dict`` has no attribute of that name (a key ``items`` still gives the method). Likewise
+    the listed pure ``str`` methods, the ``loop`` object's counters and a ``namespace``'s own
+    (public) names are returned directly. Anything else (underscore names, other types, calls,
+    ``format``) goes through the sandbox unchanged.
+    """
+    from jinja2.runtime import LoopContext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.utils import Namespace
+
+    class ChatEnvironment(ImmutableSandboxedEnvironment):
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            kind = type(obj)
+            if kind is dict and attribute not in _DICT_ATTRIBUTES and attribute in obj:
+                return obj[attribute]
+            if kind is str and attribute in _STR_METHODS:
+                return getattr(obj, attribute)
+            if (kind is LoopContext and attribute in _LOOP_ATTRIBUTES) or (
+                kind is Namespace and type(attribute) is str and not attribute.startswith("_")
+            ):
+                try:
+                    return getattr(obj, attribute)
+                except AttributeError:
+                    pass
+            return super().getattr(obj, attribute)
+
+        def getitem(self, obj: Any, argument: Any) -> Any:
+            if type(obj) is dict and type(argument) is str and argument in obj:
+                return obj[argument]
+            return super().getitem(obj, argument)
+
+    return ChatEnvironment
+
+
 class ChatTemplate:
     """A compiled chat template; :meth:`render` turns messages into text."""
 
     def __init__(self, source: TemplateSource, *, date: datetime.date) -> None:
         from jinja2 import TemplateSyntaxError
         from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self.source = source
         self.date = date
-        env = ImmutableSandboxedEnvironment(
+        env = _environment_class()(
             trim_blocks=True,
             lstrip_blocks=True,
             extensions=[loopcontrols, _generation_extension()],

@@ -3,7 +3,8 @@
 ``render_chat`` maps trained character ranges to tokens through offsets. Hugging Face
 ``tokenizers`` computes character offsets on request, which costs noticeably more than
 encoding without them. For the common byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, ...)
-offsets follow from the ids alone: with no normalizer and no prefix space added, the tokens
+offsets follow from the ids alone: with no normalizer (or NFC on a text already in NFC) and
+no prefix space added, the tokens
 of a text are its UTF-8 bytes cut into pieces, in order, and a vocabulary token of the
 byte-level alphabet stands for one byte per character. :func:`byte_length_table` recognises
 such a tokenizer (from its ``tokenizer.json``) and gives each id's length in bytes; offsets
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,15 +41,21 @@ def _byte_level_pretokenizer(spec: Any) -> bool:
     return spec.get("type") == "ByteLevel" and not spec.get("add_prefix_space", False)
 
 
+#: The one normalizer offsets from lengths allow: it changes no text already in NFC, which
+#: :func:`offsets_from_lengths` checks per text (Qwen2/3 tokenizers have it).
+NFC = {"type": "NFC"}
+
+
 def byte_length_table(tokenizer_json: str, tokenizer: Any) -> np.ndarray | None:
     """Bytes per token id of a byte-level BPE tokenizer, or None when offsets cannot be
-    derived from ids (another model or pre-tokenizer, a normalizer, a non-byte vocabulary)."""
+    derived from ids (another model or pre-tokenizer, a normalizer other than NFC, a
+    non-byte vocabulary)."""
     try:
         spec = json.loads(tokenizer_json)
     except ValueError:
         return None
     model = spec.get("model") or {}
-    if spec.get("normalizer") is not None or model.get("type") != "BPE":
+    if spec.get("normalizer") not in (None, NFC) or model.get("type") != "BPE":
         return None
     if not _byte_level_pretokenizer(spec.get("pre_tokenizer")):
         return None
@@ -71,6 +79,8 @@ def byte_length_table(tokenizer_json: str, tokenizer: Any) -> np.ndarray | None:
 def offsets_from_lengths(ids: np.ndarray, table: np.ndarray, text: str) -> np.ndarray | None:
     """Byte offsets ``[n, 2]`` of ``ids`` from their lengths, or None when the lengths do not
     add up to ``text``'s UTF-8 length (the tokens then do not tile the text)."""
+    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        return None  # an NFC normalizer would change it: the tokens do not tile the text
     ends = np.cumsum(table[ids])
     total = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     if (int(ends[-1]) if len(ends) else 0) != total:
@@ -86,7 +96,8 @@ def char_to_byte_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.nd
     chars = np.asarray(offsets, dtype=np.int64).reshape(len(offsets), 2)
     if text.isascii():
         return chars
-    widths = np.fromiter((len(c.encode("utf-8", "surrogatepass")) for c in text), np.int64)
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    widths = 1 + (codes >= 0x80).astype(np.int64) + (codes >= 0x800) + (codes >= 0x10000)
     starts = np.concatenate([[0], np.cumsum(widths)])  # byte position of each character
     return starts[chars]
 

@@ -1,0 +1,228 @@
+"""The chat pipeline against its tokenizer alone, as ratios taken in one run (issue 22).
+
+For each corpus shape (short and long conversations) and tokenizer (a byte-level BPE trained
+on the spot with ChatML's special tokens, and Qwen3's real tokenizer with its real template):
+
+* the tokenizer alone: ``encode_batch`` on 2 threads over the conversations *already rendered*
+  with the same chat template (the same texts, the same tokens);
+* the chat pipeline in-process: ``render_chat`` → ``pack_flat`` (2,048 tokens, ``emit_labels``,
+  ``emit_cu_seqlens``) → ``shuffle`` → ``batch`` on the threads runner with 2 workers, tokens
+  counted from the batches (padding excluded).
+
+Rounds alternate the two; the figure is the median of the per-round ratios (target ≥ 0.8).
+Run with ``python -m bench.chat_bench`` (``--publish`` replaces the "Chat pipeline" section of
+docs/benchmarks.md and nothing else).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from zephon_server.engine.chat_corpus import (
+    CHATML_TEMPLATE,
+    generate_conversations,
+)
+from zephon_server.engine.chat_template import ChatTemplate, find_template
+from zephon_server.engine.config import parse_config
+from zephon_server.engine.corpus import write_jsonl
+
+from .common import RESULTS, load_tok, machine, tokenizer_only_rate
+
+log = logging.getLogger("bench")
+
+SHAPES = {"short": 40, "long": 400}  # mean words per answer
+CONVERSATIONS = {"short": 6000, "long": 1200}
+QWEN3 = Path(__file__).resolve().parents[1] / "build" / "tokenizers" / "qwen3" / "tokenizer.json"
+TARGET = 0.8
+SECTION = "## Chat pipeline"
+
+
+def write_corpus(shape: str, quick: bool) -> tuple[Path, list[dict[str, Any]]]:
+    """JSONL shards of generated conversations under bench/results (made once per shape)."""
+    n = CONVERSATIONS[shape] // (4 if quick else 1)
+    convs = generate_conversations(n, seed=11, mean_words=SHAPES[shape])
+    root = RESULTS / f"chat-{shape}-{n}"
+    if not (root / ".complete").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        half = len(convs) // 2
+        write_jsonl(root / "chat-00000.jsonl", convs[:half])
+        write_jsonl(root / "chat-00001.jsonl", convs[half:])
+        (root / ".complete").write_text("ok\n")
+    return root, convs
+
+
+def trained_bpe(convs: list[dict[str, Any]]) -> Path:
+    """A byte-level BPE (vocab 8,192) with ChatML's special tokens, its config and template."""
+    directory = RESULTS / "chat-bpe"
+    path = directory / "tokenizer.json"
+    if not path.exists():
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        trainer = trainers.BpeTrainer(
+            vocab_size=8192,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        texts = [m["content"] for c in convs[:3000] for m in c["messages"]]
+        tok.train_from_iterator(texts, trainer)
+        directory.mkdir(parents=True, exist_ok=True)
+        tok.save(str(path))
+        config = {"chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>"}
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def rendered_texts(tokenizer: Path, convs: list[dict[str, Any]]) -> list[str]:
+    """The conversations rendered with the tokenizer's chat template (not timed)."""
+    import datetime
+
+    template = ChatTemplate(find_template(str(tokenizer), None), date=datetime.date(2025, 1, 1))
+    return [template.render(c["messages"]) for c in convs]
+
+
+def pipeline_config(root: Path, tokenizer: Path) -> dict[str, Any]:
+    return {
+        "seed": 7,
+        "lanes": 8,
+        "chunk_size": 256,
+        "flush_every_k_chunks": 8,
+        "datasets": [{"name": "chat", "path": str(root), "weight": 1.0, "exhaustion": "stop"}],
+        "pipeline": [
+            {"render_chat": {"tokenizer": str(tokenizer)}},
+            {
+                "pack_flat": {
+                    "max_length": 2048,
+                    "emit_labels": True,
+                    "emit_cu_seqlens": True,
+                    "max_docs_per_row": 64,
+                }
+            },
+            {"shuffle": {"buffer_size": 64}},
+            {"batch": {"microbatch_size": 8}},
+        ],
+        "execution": {"runner": "threads", "workers": 2},
+    }
+
+
+def chat_rate(config: dict[str, Any]) -> float:
+    """Tokens/s of the chat pipeline, every batch consumed in-process (padding excluded)."""
+    pipe, execution = parse_config(config)
+    start = time.perf_counter()
+    tokens = 0
+    for batch in pipe.run(execution).batches():
+        tokens += batch.num_tokens()
+    return tokens / (time.perf_counter() - start)
+
+
+def run(rounds: int, quick: bool) -> dict[str, Any]:
+    cases: list[dict[str, Any]] = []
+    for shape in SHAPES:
+        root, convs = write_corpus(shape, quick)
+        tokenizers = {"BPE 8k (trained)": trained_bpe(convs)}
+        if QWEN3.exists():
+            tokenizers["Qwen3 (real)"] = QWEN3
+        else:
+            log.warning("%s missing (make tokenizers): Qwen3 left out", QWEN3)
+        for name, tokenizer in tokenizers.items():
+            texts = rendered_texts(tokenizer, convs)
+            tok = load_tok(str(tokenizer))
+            config = pipeline_config(root, tokenizer)
+            ratios, alone, chat = [], [], []
+            for r in range(rounds):
+                order = ("alone", "chat") if r % 2 == 0 else ("chat", "alone")
+                got = {}
+                for what in order:
+                    got[what] = (
+                        tokenizer_only_rate(tok, texts, 2) if what == "alone" else chat_rate(config)
+                    )
+                alone.append(got["alone"])
+                chat.append(got["chat"])
+                ratios.append(got["chat"] / got["alone"])
+                log.info("%s, %s: round %d ratio %.3f", shape, name, r, ratios[-1])
+            cases.append(
+                {
+                    "shape": shape,
+                    "conversations": len(convs),
+                    "tokenizer": name,
+                    "ratio": statistics.median(ratios),
+                    "rounds": ratios,
+                    "alone_tokens_s": statistics.median(alone),
+                    "chat_tokens_s": statistics.median(chat),
+                }
+            )
+    return {"machine": machine(), "rounds": rounds, "quick": quick, "cases": cases}
+
+
+def markdown(result: dict[str, Any], provenance: str) -> str:
+    rows = [
+        SECTION,
+        "",
+        provenance,
+        "",
+        "Tokens/s of the chat pipeline (`render_chat` → `pack_flat` 2,048 with `emit_labels` and "
+        "`emit_cu_seqlens` → `shuffle` → `batch` 8, threads x2, in-process) over tokens/s of its "
+        "tokenizer alone (`encode_batch`, 2 threads) on the same conversations already rendered "
+        f"with the same template; medians of {result['rounds']} alternating rounds. "
+        f"Target ≥ {TARGET}.",
+        "",
+        "| conversations | tokenizer | chat / tokenizer alone | rounds | tokenizer alone "
+        "| verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in result["cases"]:
+        rounds = ", ".join(f"{x:.2f}" for x in c["rounds"])
+        verdict = "meets" if c["ratio"] >= TARGET else "misses"
+        rows.append(
+            f"| {c['shape']} ({c['conversations']:,}) | {c['tokenizer']} | {c['ratio']:.3f} | "
+            f"{rounds} | {c['alone_tokens_s'] / 1e3:,.0f}k tokens/s | {verdict} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def replace_section(page: str, section: str) -> str:
+    """``page`` with its chat section replaced (added before ``## Other figures`` if absent)."""
+    lines = page.split("\n")
+    new = [*section.rstrip("\n").split("\n"), ""]
+    start = next((i for i, line in enumerate(lines) if line == SECTION), None)
+    if start is None:
+        at = next((i for i, line in enumerate(lines) if line == "## Other figures"), len(lines))
+        return "\n".join([*lines[:at], *new, *lines[at:]])
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join([*lines[:start], *new, *lines[end:]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chat_bench", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the conversations")
+    parser.add_argument("--publish", action="store_true", help="update docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    result = run(args.rounds, args.quick)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "chat.json").write_text(json.dumps(result, indent=1) + "\n")
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    provenance = (
+        f"`python -m bench.chat_bench --rounds {args.rounds}` on {stamp}, {result['machine']}."
+    )
+    text = markdown(result, provenance)
+    print(text)
+    if args.publish:
+        page = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+        page.write_text(replace_section(page.read_text(), text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
