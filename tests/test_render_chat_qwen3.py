@@ -24,6 +24,7 @@ from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.errors import DataError
 from zephon_server.engine.ops.render_chat import RenderChat
 from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
+from zephon_server.engine.token_offsets import offsets_from_lengths
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -164,3 +165,26 @@ def test_golden_tokens_and_masks(qwen3):
             assert len(ids) < MAX_LENGTH
             assert runs == [a + END for a in answers], name
     assert {name: digest(out) for name, out in outs.items()} == GOLDEN
+
+
+def test_offsets_from_token_lengths_and_from_the_tokenizer_agree_nfc_or_not(qwen3):
+    # Qwen3 normalises to NFC: offsets come from token lengths on NFC text and from the
+    # tokenizer otherwise (a decomposed "é" changes under NFC); both give exact masks.
+    import unicodedata
+
+    op = RenderChat(tokenizer=qwen3)
+    composed, decomposed = "caf\u00e9 東京", "cafe\u0301 東京"
+    convs = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]}
+        for c in (composed, decomposed)
+    ]
+    lengths = op.tokenizer._byte_lengths
+    assert lengths is not None  # Qwen3 (NFC, byte-level BPE) takes offsets from token lengths
+    for conv, out in zip(convs, render(op, convs)):
+        ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+        answer = conv["messages"][1]["content"]
+        assert trained_runs(op, ids, mask) == [unicodedata.normalize("NFC", answer) + END]
+    rendered = [op.chat_template.render(conv["messages"]) for conv in convs]
+    ids = [np.asarray(e.ids, dtype=np.int32) for e in op.tokenizer._tok.encode_batch(rendered)]
+    assert offsets_from_lengths(ids[0], lengths, rendered[0]) is not None  # NFC: from lengths
+    assert offsets_from_lengths(ids[1], lengths, rendered[1]) is None  # not NFC: the tokenizer's
