@@ -267,12 +267,25 @@ def test_repeated_actor_failure_ends_the_stream_with_a_clear_error(corpus_specs)
 # -- configuration --------------------------------------------------------------------------
 
 
-def test_ray_address_comes_from_the_environment_then_the_config(monkeypatch):
-    monkeypatch.delenv(ray_runner.ENV_ADDRESS, raising=False)
+def test_ray_address_comes_from_the_config_and_the_command_line_reads_the_environment(
+    monkeypatch, tmp_path, corpus_dir
+):
+    from zephon_server.cli import build_parser
+    from zephon_server.pipeline_flags import load_pipeline
+
+    # The engine reads no environment: only execution.ray_address counts there.
+    monkeypatch.setenv("ZEPHON_RAY_ADDRESS", "auto")
     assert ray_runner.ray_address(None) is None
     assert ray_runner.ray_address("ray://head:10001") == "ray://head:10001"
-    monkeypatch.setenv(ray_runner.ENV_ADDRESS, "auto")
-    assert ray_runner.ray_address("ray://head:10001") == "auto"
+    # The zephon command puts $ZEPHON_RAY_ADDRESS there, over the config's key.
+    cfg = write_config(tmp_path / "p.yaml", corpus_dir)
+    data = yaml.safe_load(cfg.read_text())
+    data["execution"] = {**data.get("execution", {}), "ray_address": "ray://head:10001"}
+    cfg.write_text(yaml.safe_dump(data))
+    args = build_parser().parse_args(["explain", "--config", str(cfg)])
+    assert load_pipeline(args)[1].ray_address == "auto"
+    monkeypatch.delenv("ZEPHON_RAY_ADDRESS")
+    assert load_pipeline(args)[1].ray_address == "ray://head:10001"
 
 
 def test_ray_address_config_key(tmp_path, corpus_dir):

@@ -7,19 +7,21 @@ and the whole pipeline runs ~3x slower while burning ~3x the CPU. Which threads 
 by thread start order, so the same process is fast on one start and slow on the next: the
 service (gRPC and per-lane threads: ~36 in all) hit it on about one start in three.
 
-:func:`widen_malloc_arenas` raises the limit (``mallopt(M_ARENA_MAX, ...)``) when the engine is
-imported, before the process has started its threads (glibc fixes the limit once a process has
-more than 8 arenas). Memory stays bounded: an arena exists only for a thread that allocated,
-and one freed by an ended thread is reused by the next. It does nothing off glibc, and an
-explicit ``MALLOC_ARENA_MAX`` or ``GLIBC_TUNABLES=glibc.malloc.arena_max=N`` wins.
+:func:`widen_malloc_arenas` raises the limit (``mallopt(M_ARENA_MAX, ...)``). It is called by
+:func:`zephon_server.runtime.apply` (``zephon`` commands call it first thing, before the
+process starts its threads: glibc fixes the limit once a process has more than 8 arenas),
+never on import. Memory stays bounded: an arena exists only for a thread that allocated, and
+one freed by an ended thread is reused by the next. It does nothing off glibc. An explicit
+``MALLOC_ARENA_MAX`` or ``GLIBC_TUNABLES=glibc.malloc.arena_max=N`` wins: the command line
+sees it (:func:`user_set_arena_max`) and then asks for no limit.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import platform
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +30,14 @@ ARENA_MAX = 256
 _M_ARENA_MAX = -8  # from glibc's malloc.h
 
 
-def user_set_arena_max() -> bool:
-    """True when the environment already chose an arena limit (which then wins)."""
-    return "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", "")
+def user_set_arena_max(environ: Mapping[str, str]) -> bool:
+    """True when ``environ`` already chose an arena limit (which then wins)."""
+    return "MALLOC_ARENA_MAX" in environ or "arena_max" in environ.get("GLIBC_TUNABLES", "")
 
 
 def widen_malloc_arenas(limit: int = ARENA_MAX) -> bool:
-    """Allow up to ``limit`` malloc arenas; True if the limit was set."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or user_set_arena_max():
+    """Allow up to ``limit`` malloc arenas; True if the limit was set (False off glibc)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")  # glibc's soname (find_library would run ldconfig)
