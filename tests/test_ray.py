@@ -7,11 +7,14 @@ starts and stops a private local Ray of its own.
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -26,6 +29,7 @@ from zephon_server.engine.ops.base import Operator
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.runners import ray as ray_runner
 from zephon_server.engine.runners.ray import RayRunner
+from zephon_server.runtime import RuntimeConfig, gc_policy
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -107,6 +111,30 @@ def test_yaml_placement_remote_equals_inline(tmp_path, corpus_dir):
     assert local.plan().fingerprint == plan.fingerprint
     oracle = chains(local.run(ExecutionConfig(runner="inline")))
     assert chains(pipeline.run(execution)) == oracle
+
+
+class ThresholdProbe(Operator):
+    """Passes records through; writes its process's collector thresholds to ``where/<pid>``."""
+
+    op_name = "threshold_probe"
+
+    def __init__(self, where: str, **kwargs):
+        super().__init__(**kwargs)
+        self.where = where
+
+    def process_many(self, elems):
+        (Path(self.where) / str(os.getpid())).write_text(json.dumps(gc.get_threshold()))
+        return elems
+
+
+def test_ray_actors_apply_the_worker_tuning_they_are_handed(corpus_specs, inline_chains, tmp_path):
+    pipe = build(corpus_specs, "local", ThresholdProbe(str(tmp_path)))
+    tuning = RuntimeConfig(gc="tuned")
+    run = pipe.run(ExecutionConfig(runner="ray", workers=2, worker_tuning=tuning))
+    assert chains(run) == inline_chains
+    seen = {p.name: tuple(json.loads(p.read_text())) for p in tmp_path.iterdir()}
+    assert seen and str(os.getpid()) not in seen  # ran on the actors
+    assert set(seen.values()) == {gc_policy.THRESHOLD}
 
 
 def test_runner_ray_puts_map_stages_on_ray_and_equals_inline(corpus_specs, inline_chains):
