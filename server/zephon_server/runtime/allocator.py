@@ -1,11 +1,9 @@
 """The memory allocator ``zephon serve`` runs with: mimalloc when it is installed.
 
-Hugging Face ``tokenizers`` allocates and frees on nearly every token. Under glibc's malloc a
-third of the benchmark pipeline's CPU went to ``malloc``/``free`` (``perf record`` of the
-tokenizer threads: ``_int_malloc``, ``_int_free``, ``malloc_consolidate``, ...), and preloading
-mimalloc cut the CPU per token by ~25% and raised the pipeline's throughput by ~30% on the same
-cores (``python -m bench.run`` measures both allocators). glibc's own tunables (tcache size,
-fastbins, trim thresholds) did not help.
+Hugging Face ``tokenizers`` allocates and frees on nearly every token, and under glibc's malloc
+much of the tokenizer threads' CPU goes to ``malloc``/``free``; mimalloc costs far less per
+token (``python -m bench.run`` measures both allocators; the figures and what did not help are
+in docs/decisions.md).
 
 An allocator replaces malloc only if it is loaded before anything else, so
 :func:`ensure_allocator` re-executes the process once (same pid, same command line) with

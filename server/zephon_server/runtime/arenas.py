@@ -3,9 +3,9 @@
 glibc's malloc serves each thread from an arena; it creates new arenas only up to
 ``8 * cores`` (16 on a 2-core machine) and then makes threads share. A Hugging Face tokenizer
 allocates on every token, so two tokenizer threads that land on one arena serialize on its lock
-and the whole pipeline runs ~3x slower while burning ~3x the CPU. Which threads share is decided
-by thread start order, so the same process is fast on one start and slow on the next: the
-service (gRPC and per-lane threads: ~36 in all) hit it on about one start in three.
+and the whole pipeline runs several times slower while burning as much more CPU. Which threads
+share is decided by thread start order, so the same process is fast on one start and slow on
+the next (docs/decisions.md, "One malloc arena per thread").
 
 :func:`widen_malloc_arenas` raises the limit (``mallopt(M_ARENA_MAX, ...)``). It is called by
 :func:`zephon_server.runtime.apply` (``zephon`` commands call it first thing, before the

@@ -4,13 +4,11 @@ The engine allocates a few container objects per record (records, metas, spans, 
 refs) that almost all die young, freed by reference counting. CPython's default first
 generation threshold (700) still runs a young collection every 700 net allocations, and every
 tenth of those scans the second generation, every tenth of *those* the whole heap (the
-interpreter's modules, the compiled pipeline): on the benchmark pipeline the processes runner's
-main process spent ~15% of its CPU in ``gc_collect_main`` (575 young, 50 middle, 5 full
-collections over 1000 batches, timed with ``gc.callbacks``), the threads runner ~2% of the
-whole process. ``tuned`` (the default) freezes what exists at start-up (``gc.freeze``: the
-imports and the compiled pipeline, never garbage) and raises the first threshold to
-:data:`THRESHOLD`: the same run then made 6 young and 2 full collections, spending ~0.04 s
-in them instead of ~0.46 s. Cyclic garbage is still collected, only in larger steps.
+interpreter's modules, the compiled pipeline): a measurable share of the processes runner's
+main process (docs/decisions.md has the measurement). ``tuned`` (the default) freezes what
+exists at start-up (``gc.freeze``: the imports and the compiled pipeline, never garbage) and
+raises the first threshold to :data:`THRESHOLD`, so collections become rare. Cyclic garbage is
+still collected, only in larger steps.
 
 The policy is a field of :class:`~zephon_server.runtime.RuntimeConfig`: ``zephon`` commands
 build it from ``--gc`` (or ``ZEPHON_GC``) and apply it before the pipeline starts, and the
