@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_server import allocator
+from zephon_server.runtime import allocator
 
 from .service import service_throughput, spawn, stop, tail
 from .workload import MAX_LENGTH, Workload

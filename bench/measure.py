@@ -23,8 +23,8 @@ Kinds:
 ``--profile FILE`` (engine, tokenizer) writes a cProfile of the measured part.
 
 Every kind runs under the garbage-collector policy ``zephon serve`` applies
-(:mod:`zephon_server.gc_policy`: ``tuned`` unless ``ZEPHON_GC`` says otherwise), so the
-in-process rows and the service rows run the engine alike.
+(:mod:`zephon_server.runtime`: ``tuned`` unless ``ZEPHON_GC`` says otherwise) and the rest
+of its process tuning, so the in-process rows and the service rows run the engine alike.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from zephon_server import gc_policy
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.records import SampleBatch
 from zephon_server.engine.replay_cache import ReplayCache
@@ -54,6 +53,7 @@ from zephon_server.engine.run import PipelineRun
 from zephon_server.engine.tokenizer import Tokenizer, load_tokenizer
 
 from .workload import Workload, fixed_work_texts, load_plan
+from .workload import runtime as workload_runtime
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -393,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (the benchmark stopping us) unwinds, so a run closes its worker processes.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Workload.from_json(Path(args.workload).read_text())
-    # In-process rows run as `zephon serve` runs the engine: its garbage-collector policy.
-    gc_policy.apply(gc_policy.from_env())
+    # In-process rows run as `zephon serve` runs the engine: its process tuning.
+    workload_runtime().apply()
     if args.kind == "engine":
         result = _profiled(args.profile, lambda: engine(work, args.runner, args.workers))
     elif args.kind == "tokenizer":

@@ -39,7 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from zephon_server import allocator
+from zephon_server.runtime import allocator
 
 from . import report, startup
 from .cases import (

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from zephon_server.engine.planner import Plan
 from zephon_server.engine.shards import ShardCache
 from zephon_server.engine.tokenizer import load_tokenizer, train_bpe_tokenizer
 from zephon_server.engine.work_source import WorkSource
+from zephon_server.runtime import RuntimeConfig, from_environ
 
 from .common import RESULTS, corpus
 
@@ -111,10 +113,17 @@ def write_config(
     return path
 
 
+def runtime() -> RuntimeConfig:
+    """The process tuning ``zephon serve`` would run with in this environment (``ZEPHON_GC``
+    and the rest): the benchmark applies it in-process and hands it to its workers."""
+    return from_environ(os.environ)
+
+
 def load_plan(config: str, runner: str = "threads", workers: int = 2) -> Plan:
-    """The compiled plan of a benchmark YAML for one runner configuration."""
+    """The compiled plan of a benchmark YAML for one runner configuration; its workers are
+    tuned as the server's are."""
     pipeline, _ = load_config(config)
-    return pipeline.plan(ExecutionConfig(runner=runner, workers=workers))
+    return pipeline.plan(ExecutionConfig(runner=runner, workers=workers, worker_tuning=runtime()))
 
 
 def fixed_work_chunks(plan: Plan, chunks_per_lane: int) -> list[Any]:

@@ -4,6 +4,9 @@ The test suite never writes to the real ``~/.cache``: ``XDG_CACHE_HOME`` points 
 directory for the whole session, so the default shard index directory of every ``zephon``
 command the tests run (in-process or as a subprocess, which inherits the environment) is
 ``<tmp>/zephon/index``.
+
+The test process runs the engine tuned as the ``zephon`` commands run it (malloc arenas,
+tokenizer threading: ``RuntimeConfig.apply_process``); importing the engine does no tuning.
 """
 
 from __future__ import annotations
@@ -16,6 +19,13 @@ import pytest
 
 from zephon_server.engine.corpus import write_sample_corpus
 from zephon_server.engine.pipeline import Pipeline
+from zephon_server.runtime import from_environ
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tuned_process() -> None:
+    """Tune this process once as ``zephon dump`` would (its garbage collector excepted)."""
+    from_environ(os.environ).apply_process()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,4 +1,4 @@
-"""The memory allocator ``zephon serve`` runs with (server/zephon_server/allocator.py).
+"""The memory allocator ``zephon serve`` runs with (server/zephon_server/runtime/allocator.py).
 
 Unit tests of the choice, then real ``zephon serve`` processes: by default mimalloc is mapped
 into the server and its worker processes (same pid after the re-execution), ``--allocator
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from service_helpers import lane_digests, serve_once, server, write_config
-from zephon_server import allocator
-from zephon_server.allocator import Allocator, AllocatorError, resolve
+from zephon_server.runtime import allocator
+from zephon_server.runtime.allocator import Allocator, AllocatorError, resolve
 
 MIMALLOC = allocator.find_library("mimalloc")
 
@@ -258,7 +258,7 @@ def execve(path, args, env):  # the re-execution: report what this image did bef
     os._exit(0)
 
 os.execve = execve
-cli.main()
+cli.entry()
 """
 
 
@@ -295,3 +295,108 @@ def test_the_allocator_is_read_from_the_command_line_before_parsing():
     assert allocator.requested(last, {}) == "jemalloc"  # as argparse: the last one wins
     assert allocator.requested(["serve", "--allocator"], {}) == "auto"  # the parser says why
     assert allocator.requested(["serve", "--", "--allocator", "system"], {}) == "auto"
+
+
+# --------------------------------------------------------------------------------------------
+# one decision, whoever calls (issue 21): the program, tests and embedders take the same path
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_decision_keeps_an_allocator_that_is_preloaded_already(monkeypatch):
+    lib = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"
+    monkeypatch.setattr(allocator, "find_library", lambda name, dirs=(): lib)
+    for choice in ("auto", "mimalloc"):
+        kept = allocator.decide(choice, {"LD_PRELOAD": lib}, loaded=lib)
+        assert not kept.reexec and kept.name == "mimalloc"  # never "glibc malloc"
+        assert kept.message == f"memory allocator: mimalloc ({lib}), preloaded already"
+    # nothing loaded yet: preload it, keeping what LD_PRELOAD had
+    fresh = allocator.decide("auto", {}, loaded=None)
+    assert fresh.reexec and fresh.preload == (lib,) and fresh.name == "mimalloc"
+    named = allocator.decide("mimalloc", {"LD_PRELOAD": "/opt/libx.so"}, loaded=None)
+    assert named.preload == (lib, "/opt/libx.so")
+    # auto keeps another library the user preloads; system drops an allocator only
+    other = allocator.decide("auto", {"LD_PRELOAD": "/opt/libx.so"}, loaded=None)
+    assert not other.reexec and "as LD_PRELOAD sets it (/opt/libx.so)" in other.message
+    drop = allocator.decide("system", {"LD_PRELOAD": f"/opt/libx.so:{lib}"}, loaded=lib)
+    assert drop.reexec and drop.preload == ("/opt/libx.so",) and drop.name == "glibc"
+    assert allocator.decide("system", {}, loaded=None).message == "memory allocator: glibc malloc"
+    monkeypatch.setattr(allocator, "find_library", lambda name, dirs=(): None)
+    hint = allocator.decide("auto", {}, loaded=None)
+    assert not hint.reexec and "apt-get install libmimalloc2.0" in hint.message
+
+
+def test_ensure_allocator_carries_the_decision_out_only_for_the_program(monkeypatch):
+    lib = "/opt/lib/libmimalloc.so.2"
+    monkeypatch.setattr(allocator, "find_library", lambda name, dirs=(): lib)
+    monkeypatch.setattr(allocator, "loaded_library", lambda *a, **k: None)
+    calls = []
+
+    def execve(path, args, env):
+        calls.append((args, env))
+        raise SystemExit("re-executed")
+
+    monkeypatch.setattr(os, "execve", execve)
+    env = {"PATH": "/bin", "MIMALLOC_RESET_DELAY": "5"}
+    # embedded (tests, another program's process): the same decision, logged, not carried out
+    embedded = allocator.ensure_allocator("auto", None, env)
+    assert embedded == allocator.decide("auto", env, None) and embedded.reexec and calls == []
+    # the program: carried out with the same preload and the allocator's settings
+    with pytest.raises(SystemExit, match="re-executed"):
+        allocator.ensure_allocator("auto", ["python", "-m", "zephon_server.cli", "serve"], env)
+    ((args, new_env),) = calls
+    assert args == ["python", "-m", "zephon_server.cli", "serve"]
+    assert new_env["LD_PRELOAD"] == lib and new_env["ZEPHON_ALLOCATOR_EXEC"] == "mimalloc"
+    assert new_env["MIMALLOC_ALLOW_DECOMMIT"] == "0" and new_env["MIMALLOC_RESET_DELAY"] == "5"
+
+
+COUNT_STARTS = """
+import os
+with open(os.environ["ZEPHON_TEST_STARTS"], "a") as f:
+    f.write(f"{os.getpid()} {os.environ.get('LD_PRELOAD', '')}\\n")
+"""
+
+
+@pytest.mark.service
+@pytest.mark.timeout(180)
+def test_a_server_started_with_mimalloc_preloaded_does_not_re_execute(tmp_path, corpus_dir):
+    # As in the container image (ENV LD_PRELOAD): `auto` finds mimalloc loaded, names it and
+    # spares the second interpreter start. Interpreter starts are counted by a sitecustomize.
+    assert MIMALLOC
+    cfg = write_config(tmp_path / "p.yaml", corpus_dir, lanes=2)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(COUNT_STARTS)
+    base = {
+        "PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}",
+        "ZEPHON_ALLOCATOR": "",
+    }
+    starts = {}
+    for name, extra in (("preloaded", {"LD_PRELOAD": MIMALLOC}), ("plain", {"LD_PRELOAD": ""})):
+        log = tmp_path / f"starts-{name}"
+        env = {**base, **extra, "ZEPHON_TEST_STARTS": str(log)}
+        with server(["--config", str(cfg), "--log-interval", "0"], tmp_path, env=env) as srv:
+            assert has_mimalloc(srv.proc.pid), srv.output()
+            output = srv.output()
+        starts[name] = log.read_text().splitlines()
+        assert "memory allocator: mimalloc" in output, output
+        if name == "preloaded":
+            assert "preloaded already" in output and "re-executed" not in output, output
+    assert len(starts["preloaded"]) == 1, starts  # one interpreter start
+    # without the preload the same command re-executes: the same pid starts twice
+    assert len(starts["plain"]) == 2 and len({s.split()[0] for s in starts["plain"]}) == 1, starts
+
+
+def test_the_container_image_preloads_what_the_re_execution_would():
+    dockerfile = (Path(__file__).resolve().parents[1] / "docker" / "Dockerfile").read_text()
+    env: dict[str, str] = {}
+    for block in dockerfile.split("\nENV ")[1:]:
+        text = block.split("\n\n")[0].replace("\\\n", " ")
+        for word in text.split():
+            name, sep, value = word.partition("=")
+            if sep:
+                env[name] = value
+    assert env["LD_PRELOAD"] == "/usr/local/lib/libmimalloc.so.2"
+    assert allocator.is_allocator(env["LD_PRELOAD"])
+    assert "ln -s" in dockerfile and "/usr/local/lib/libmimalloc.so.2" in dockerfile
+    for name, value in allocator.TUNING["mimalloc"].items():
+        assert env.get(name) == value, name

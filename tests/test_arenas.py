@@ -1,5 +1,6 @@
-"""Importing the engine lets every thread have its own glibc malloc arena (see engine/arenas.py):
-counted with ``malloc_info`` in fresh processes whose threads allocate at the same time."""
+"""The runtime's process tuning lets every thread have its own glibc malloc arena (see
+runtime/arenas.py), and importing the engine alone does not: counted with ``malloc_info`` in
+fresh processes whose threads allocate at the same time."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ COUNT_ARENAS = """
 import ctypes, sys, tempfile, threading
 if sys.argv[1] == "engine":
     import zephon_server.engine  # noqa: F401
+if sys.argv[1] == "runtime":  # as the zephon command does: the config from the environment
+    import os
+    from zephon_server.runtime import from_environ
+    from_environ(os.environ).apply_process()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.fopen.restype = ctypes.c_void_p
@@ -65,10 +70,15 @@ def test_plain_glibc_makes_threads_share_arenas():
     assert arenas("plain") < THREADS
 
 
-def test_engine_import_gives_every_thread_its_own_arena():
-    assert arenas("engine") >= THREADS
+def test_the_runtime_gives_every_thread_its_own_arena():
+    assert arenas("runtime") >= THREADS
+
+
+def test_importing_the_engine_leaves_the_arenas_alone():
+    # No import-time side effect: the engine alone behaves as plain glibc.
+    assert arenas("engine") < THREADS
 
 
 def test_an_explicit_arena_limit_wins():
-    assert arenas("engine", {"MALLOC_ARENA_MAX": "2"}) <= 2
-    assert arenas("engine", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=3"}) <= 3
+    assert arenas("runtime", {"MALLOC_ARENA_MAX": "2"}) <= 2
+    assert arenas("runtime", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=3"}) <= 3

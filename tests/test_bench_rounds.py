@@ -44,7 +44,7 @@ def test_rounds_missing_a_side_are_left_out():
 
 def test_the_bench_runs_on_a_preloaded_allocator_or_the_one_the_server_picks():
     from bench.cases import bench_allocator
-    from zephon_server import allocator
+    from zephon_server.runtime import allocator
 
     preloaded = "/opt/x/libjemalloc.so.2"
     assert bench_allocator({"LD_PRELOAD": f"/opt/libfoo.so:{preloaded}"}) == preloaded

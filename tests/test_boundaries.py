@@ -1,8 +1,12 @@
-"""Layer boundaries: the engine never imports gRPC; the client never imports the server."""
+"""Layer boundaries: the engine never imports gRPC; the client never imports the server; the
+server's layers import downwards only (engine < runtime < service < command line), with no
+cycle, and the server needs the client only inside the ``zephon tail`` command."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +46,161 @@ def test_client_never_imports_the_server():
     client = ROOT / "client" / "zephon_client"
     assert client.is_dir()
     assert offenders(client, ("zephon_server", "tokenizers", "pyarrow", "zstandard")) == []
+
+
+# --------------------------------------------------------------------------------------------
+# the server's layers (every import, also those inside functions, relative ones resolved)
+# --------------------------------------------------------------------------------------------
+
+SERVER = ROOT / "server" / "zephon_server"
+
+
+def module_of(path: Path, package_dir: Path) -> str:
+    """``zephon_server.service.server`` for ``.../zephon_server/service/server.py``."""
+    parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(package_dir: Path) -> list[tuple[str, str, str]]:
+    """``(module, imported module, enclosing function or "")`` for every import under
+    ``package_dir``, relative imports resolved to absolute names."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        module = module_of(path, package_dir)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        for func, node in _walk(tree, ""):
+            if isinstance(node, ast.Import):
+                found += [(module, alias.name, func) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                if node.level:
+                    base = base[: len(base) - node.level + 1]
+                    name = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    name = node.module or ""
+                found.append((module, name, func))
+                # ``from . import x`` imports the module ``x`` too (when it is one)
+                found += [
+                    (module, f"{name}.{alias.name}", func)
+                    for alias in node.names
+                    if _is_module(package_dir.parent, f"{name}.{alias.name}")
+                ]
+    return found
+
+
+def _is_module(root: Path, name: str) -> bool:
+    where = root.joinpath(*name.split("."))
+    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+
+def _walk(node: ast.AST, func: str):
+    for child in ast.iter_child_nodes(node):
+        inner = func
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inner = f"{func}.{child.name}" if func else child.name
+        yield inner, child
+        yield from _walk(child, inner)
+
+
+def unit(module: str) -> str:
+    """The layer unit a server module belongs to: ``engine``, ``runtime``, ``service``, or a
+    top-level module of the package (``cli``, ``serve_flags``, ...)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+LOWER = {
+    # unit: the units of zephon_server it may import
+    "engine": {"engine"},
+    "runtime": {"runtime", "engine"},
+    "service": {"service", "engine", "runtime", "stop_signals", "zephon_server"},
+}
+"""What the lower layers may import; the command-line modules above them may import them all."""
+
+
+def layer_offenders(found: list[tuple[str, str, str]]) -> list[str]:
+    bad = []
+    for module, name, func in found:
+        if not name.startswith("zephon_server."):
+            continue
+        here, there = unit(module), unit(name)
+        if here in LOWER and there not in LOWER[here]:
+            bad.append(f"{module} ({func or 'top level'}): imports {name}")
+    return bad
+
+
+def cycles(found: list[tuple[str, str, str]]) -> list[list[str]]:
+    """The cycles between units (each a list of units, the first repeated last)."""
+    edges: dict[str, set[str]] = {}
+    for module, name, _ in found:
+        if name.startswith("zephon_server.") and unit(module) != unit(name):
+            edges.setdefault(unit(module), set()).add(unit(name))
+    out, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                out.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for start in sorted(edges):
+        if start not in state:
+            visit(start, [start])
+    return out
+
+
+def test_the_server_layers_import_downwards_only():
+    found = imports(SERVER)
+    assert {unit(m) for m, _, _ in found} >= {"engine", "runtime", "service", "cli"}
+    assert layer_offenders(found) == []
+
+
+def test_the_server_has_no_import_cycle_between_its_parts():
+    # e.g. service/server.py importing cli (parse_lanes) while cli imports the service
+    assert cycles(imports(SERVER)) == []
+
+
+def test_the_server_uses_the_client_only_in_the_tail_command():
+    found = imports(SERVER)
+    uses = {(m, f) for m, name, f in found if name.split(".")[0] == "zephon_client"}
+    assert uses == {("zephon_server.cli", "cmd_tail")}
+
+
+def test_the_command_line_imports_no_client_and_no_engine_side_effect():
+    # Importing the command line module leaves the client unimported (the server installs
+    # and serves without it) and the process untuned (no import-time side effects).
+    probe = (
+        "import os, sys, gc; before = dict(os.environ); t = gc.get_threshold()\n"
+        "import zephon_server.cli, zephon_server.engine\n"
+        "import zephon_server.engine.tokenizer, zephon_server.engine.runners.processes\n"
+        "assert 'zephon_client' not in sys.modules, 'client imported'\n"
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
+        "assert gc.get_threshold() == t and gc.get_freeze_count() == 0\n"
+        "print('clean')\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'server'}:{ROOT / 'client'}"}
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert run.stdout.strip() == "clean", run.stderr
+
+
+def test_the_layer_checks_catch_a_cycle_and_a_climb():
+    found = [
+        ("zephon_server.service.server", "zephon_server.cli", "Server.__init__"),
+        ("zephon_server.cli", "zephon_server.service.server", "cmd_serve"),
+        ("zephon_server.engine.runners.processes", "zephon_server.runtime.gc_policy", ""),
+    ]
+    assert cycles(found) == [["cli", "service", "cli"]]
+    assert layer_offenders(found) == [
+        "zephon_server.service.server (Server.__init__): imports zephon_server.cli",
+        "zephon_server.engine.runners.processes (top level): imports "
+        "zephon_server.runtime.gc_policy",
+    ]
 
 
 @pytest.mark.parametrize("forbidden", ["grpc", "zephon_server.engine"])

@@ -16,7 +16,6 @@ import struct
 
 import pytest
 
-from zephon_server.cli import CHECKPOINT_KEY_ENV, checkpoint_key_from_args
 from zephon_server.engine.checkpoint import (
     FORMAT_VERSION,
     MAGIC,
@@ -36,6 +35,7 @@ from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.records import SampleBatch
+from zephon_server.serve_flags import CHECKPOINT_KEY_ENV, checkpoint_key_from_args
 
 KEY_A = CheckpointKey(b"a" * 32, "test key A")
 KEY_B = CheckpointKey(b"b" * 32, "test key B")

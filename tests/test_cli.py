@@ -147,3 +147,24 @@ def test_dump_resume_state_errors_are_clear(config_path, tmp_path):
     bad.write_bytes(b"ZEPHONCK" + bytes(40))
     res = zephon("dump", "--config", str(config_path), "--resume-state", str(bad))
     assert res.returncode == 2 and "checksum mismatch" in res.stderr
+
+
+TAIL_WITHOUT_CLIENT = """
+import sys
+sys.modules["zephon_client"] = None  # as if the client package were not installed
+from zephon_server.cli import main
+sys.exit(main(["tail", "--address", "127.0.0.1:1", "--lane", "0"]))
+"""
+
+
+def test_tail_without_the_client_package_says_what_to_install():
+    # The server package needs the client only for `zephon tail`, imported when it runs.
+    run = subprocess.run(
+        [sys.executable, "-c", TAIL_WITHOUT_CLIENT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "zephon: error: zephon tail needs the client package zephon_client" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -1,7 +1,8 @@
-"""The garbage-collector policy of Zephon's own processes (server/zephon_server/gc_policy.py).
+"""The garbage-collector policy of Zephon's own processes (server/zephon_server/runtime/).
 
 ``tuned`` (the default) freezes start-up objects and raises the first collection threshold in
-``zephon serve`` and in ``--runner processes`` workers; ``default`` keeps CPython's settings;
+``zephon serve`` and in ``--runner processes`` workers, which get it from the runner (the
+``RuntimeConfig``), never from the environment; ``default`` keeps CPython's settings;
 an unknown value fails at start-up naming the choices. The batches are bit-identical either
 way (real servers, digests compared).
 """
@@ -18,12 +19,12 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from service_helpers import dump_digests, lane_digests, serve_once, server, write_config
-from zephon_server import gc_policy
 from zephon_server.engine.runners import processes
+from zephon_server.runtime import RuntimeConfig, gc_policy
 
 PROBE = """
 import gc, json
-from zephon_server import gc_policy
+from zephon_server.runtime import gc_policy
 before = gc.get_threshold()
 gc_policy.apply({mode!r})
 print(json.dumps([before, gc.get_threshold(), gc.get_freeze_count()]))
@@ -56,8 +57,9 @@ def test_an_unknown_policy_names_the_choices():
         gc_policy.apply("off")
 
 
-def worker_threshold(env_value: str | None) -> tuple[int, ...]:
-    """The thresholds a processes-runner worker runs with, started under ``ZEPHON_GC``."""
+def worker_threshold(env_value: str | None, tuning: RuntimeConfig | None = None) -> tuple[int, ...]:
+    """The thresholds a processes-runner worker runs with, handed ``tuning`` and started
+    under ``ZEPHON_GC`` = ``env_value``."""
     saved = os.environ.get(gc_policy.ENV)
     try:
         if env_value is None:
@@ -69,7 +71,7 @@ def worker_threshold(env_value: str | None) -> tuple[int, ...]:
             1,
             mp_context=ctx,
             initializer=processes._init_worker,
-            initargs=processes._initargs([], [], None),
+            initargs=processes._initargs([], [], None, tuning),
         ) as pool:
             return tuple(pool.submit(gc.get_threshold).result(timeout=60))
     finally:
@@ -80,10 +82,15 @@ def worker_threshold(env_value: str | None) -> tuple[int, ...]:
 
 
 @pytest.mark.timeout(120)
-def test_processes_workers_apply_the_policy_their_parent_exported():
-    assert worker_threshold(None) == gc_policy.THRESHOLD  # tuned unless told otherwise
-    assert worker_threshold("tuned") == gc_policy.THRESHOLD
-    assert worker_threshold("default") != gc_policy.THRESHOLD
+def test_processes_workers_apply_the_policy_the_runner_hands_them():
+    tuned, plain = RuntimeConfig(gc="tuned"), RuntimeConfig(gc="default")
+    assert worker_threshold(None, tuned) == gc_policy.THRESHOLD
+    assert worker_threshold(None, plain) != gc_policy.THRESHOLD
+    # the environment is not read in the worker: the config decides
+    assert worker_threshold("default", tuned) == gc_policy.THRESHOLD
+    assert worker_threshold("tuned", plain) != gc_policy.THRESHOLD
+    # no tuning handed down (an embedding program's plain ExecutionConfig): CPython's own
+    assert worker_threshold("tuned", None) != gc_policy.THRESHOLD
 
 
 @pytest.mark.service

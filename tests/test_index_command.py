@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from service_helpers import lane_digests, server, write_config
-from zephon_server.cli import index_dir_from_args
 from zephon_server.engine.corpus import write_sample_corpus
+from zephon_server.pipeline_flags import index_dir_from_args
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(180)]
 

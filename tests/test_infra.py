@@ -106,7 +106,9 @@ def test_container_serves_health_and_metrics(image, tmp_path):
         )
         assert trainer.returncode == 0, trainer.stderr
         assert "done:" in trainer.stderr
-        assert "memory allocator: mimalloc" in server.logs()  # preloaded by --allocator auto
+        # The image preloads mimalloc (ENV LD_PRELOAD): the server names it, never re-executes.
+        assert "memory allocator: mimalloc" in server.logs()
+        assert "preloaded already" in server.logs() and "re-executed" not in server.logs()
         with start_prometheus(tmp_path, [f"127.0.0.1:{server.ports[9400]}"]) as prom:
             prom.wait_for('up{job="zephon"}', lambda r: _value(r) == 1.0)
             prom.wait_for("sum(zephon_batches_sent_total)", lambda r: (_value(r) or 0) >= 20)

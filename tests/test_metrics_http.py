@@ -24,6 +24,7 @@ from test_security import make_pki
 from infra import free_port
 from service_helpers import serve_once, server
 from zephon_server.engine.errors import ZephonError
+from zephon_server.serve_flags import metrics_config
 from zephon_server.service import metrics_http
 from zephon_server.service.metrics_http import (
     MAX_CONNECTIONS,
@@ -31,7 +32,6 @@ from zephon_server.service.metrics_http import (
     Authenticator,
     MetricsHTTPConfig,
     MetricsHTTPServer,
-    config_from_args,
 )
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
@@ -341,33 +341,33 @@ def namespace(**kwargs) -> argparse.Namespace:
 
 
 def test_config_from_flags_and_environment(tmp_path):
-    assert config_from_args(namespace(metrics_port=None), {}) is None
-    plain = config_from_args(namespace(), {})
+    assert metrics_config(namespace(metrics_port=None), {}) is None
+    plain = metrics_config(namespace(), {})
     assert plain is not None and not plain.tls and plain.schemes == [] and plain.loopback
-    env = config_from_args(namespace(), {"ZEPHON_METRICS_TOKEN": "env-secret"})
+    env = metrics_config(namespace(), {"ZEPHON_METRICS_TOKEN": "env-secret"})
     assert env is not None and env.token == "env-secret" and "env-secret" not in repr(env)
-    flag = config_from_args(namespace(metrics_auth_token="f"), {"ZEPHON_METRICS_TOKEN": "e"})
+    flag = metrics_config(namespace(metrics_auth_token="f"), {"ZEPHON_METRICS_TOKEN": "e"})
     assert flag is not None and flag.token == "f"
     tls = namespace(tls_cert="c.pem", tls_key="k.pem", tls_client_ca="ca.pem")
-    auto = config_from_args(tls, {})
+    auto = metrics_config(tls, {})
     assert auto is not None and auto.tls and auto.client_cafile == "ca.pem"
-    off = config_from_args(namespace(**{**vars(tls), "metrics_tls": "off"}), {})
+    off = metrics_config(namespace(**{**vars(tls), "metrics_tls": "off"}), {})
     assert off is not None and not off.tls and off.client_cafile is None
-    wide = config_from_args(namespace(metrics_host="0.0.0.0"), {})
+    wide = metrics_config(namespace(metrics_host="0.0.0.0"), {})
     assert wide is not None and not wide.loopback
     with pytest.raises(ZephonError, match="--metrics-tls on needs --tls-cert and --tls-key"):
-        config_from_args(namespace(metrics_tls="on"), {})
+        metrics_config(namespace(metrics_tls="on"), {})
     with pytest.raises(ZephonError, match="--metrics-host needs --metrics-port"):
-        config_from_args(namespace(metrics_port=None, metrics_host="0.0.0.0"), {})
+        metrics_config(namespace(metrics_port=None, metrics_host="0.0.0.0"), {})
     empty = tmp_path / "empty"
     empty.write_text("# nobody\n")
     with pytest.raises(ZephonError, match="no 'user:password' line"):
-        config_from_args(namespace(metrics_basic_auth_file=str(empty)), {})
+        metrics_config(namespace(metrics_basic_auth_file=str(empty)), {})
     twice = tmp_path / "twice"
     twice.write_text("a:1\na:2\n")
     with pytest.raises(ZephonError, match="line 2: user 'a' appears twice"):
-        config_from_args(namespace(metrics_basic_auth_file=str(twice)), {})
+        metrics_config(namespace(metrics_basic_auth_file=str(twice)), {})
     with pytest.raises(ZephonError, match="cannot read it"):
-        config_from_args(namespace(metrics_basic_auth_file=str(tmp_path / "missing")), {})
+        metrics_config(namespace(metrics_basic_auth_file=str(tmp_path / "missing")), {})
     with pytest.raises(ValueError, match="port must be between 0 and 65535, got 70000"):
         MetricsHTTPConfig(host="127.0.0.1", port=70000)

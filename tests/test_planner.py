@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from conftest import make_pipeline
+from zephon_server.cli import build_parser
 from zephon_server.engine.errors import ZephonError
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.service.server import replay_cache_from_args
+from zephon_server.serve_flags import state_config
+from zephon_server.service.server import replay_cache_of
 
 
 def step_workers(plan):
@@ -43,21 +43,22 @@ def test_explicit_parallelism_still_gives_a_step_a_pool(corpus_specs):
     assert "parallelism=3" in plan.explain() and "in-driver" in plan.explain()
 
 
-def serve_args(**kw):
-    base = {"state_dir": None, "replay_cache": None, "replay_cache_epochs": 2}
-    return argparse.Namespace(**{**base, **kw})
+def replay_cache_from_flags(*flags: str):
+    """The replay cache a ``zephon serve`` command line with ``flags`` builds."""
+    args = build_parser().parse_args(["serve", *flags])
+    return replay_cache_of(state_config(args, {}))
 
 
 def test_replay_cache_flags(tmp_path):
-    assert replay_cache_from_args(serve_args()) is None  # no state dir, no cache
-    cache = replay_cache_from_args(serve_args(state_dir=str(tmp_path)))
+    assert replay_cache_from_flags() is None  # no state dir, no cache
+    cache = replay_cache_from_flags("--state-dir", str(tmp_path))
     assert cache is not None and cache.root == tmp_path / "replay-cache" and cache.keep_epochs == 2
-    assert replay_cache_from_args(serve_args(state_dir=str(tmp_path), replay_cache="off")) is None
-    elsewhere = replay_cache_from_args(
-        serve_args(replay_cache=str(tmp_path / "rc"), replay_cache_epochs=3)
+    assert replay_cache_from_flags("--state-dir", str(tmp_path), "--replay-cache", "off") is None
+    elsewhere = replay_cache_from_flags(
+        "--replay-cache", str(tmp_path / "rc"), "--replay-cache-epochs", "3"
     )
     assert (
         elsewhere is not None and elsewhere.root == tmp_path / "rc" and elsewhere.keep_epochs == 3
     )
     with pytest.raises(ZephonError, match="--replay-cache-epochs must be an integer >= 1"):
-        replay_cache_from_args(serve_args(state_dir=str(tmp_path), replay_cache_epochs=0))
+        replay_cache_from_flags("--state-dir", str(tmp_path), "--replay-cache-epochs", "0")

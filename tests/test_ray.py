@@ -7,11 +7,14 @@ starts and stops a private local Ray of its own.
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -26,6 +29,7 @@ from zephon_server.engine.ops.base import Operator, OpTraits
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.runners import ray as ray_runner
 from zephon_server.engine.runners.ray import RayRunner
+from zephon_server.runtime import RuntimeConfig, gc_policy
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -107,6 +111,30 @@ def test_yaml_placement_remote_equals_inline(tmp_path, corpus_dir):
     assert local.plan().fingerprint == plan.fingerprint
     oracle = chains(local.run(ExecutionConfig(runner="inline")))
     assert chains(pipeline.run(execution)) == oracle
+
+
+class ThresholdProbe(Operator):
+    """Passes records through; writes its process's collector thresholds to ``where/<pid>``."""
+
+    op_name = "threshold_probe"
+
+    def __init__(self, where: str, **kwargs):
+        super().__init__(**kwargs)
+        self.where = where
+
+    def process_many(self, elems):
+        (Path(self.where) / str(os.getpid())).write_text(json.dumps(gc.get_threshold()))
+        return elems
+
+
+def test_ray_actors_apply_the_worker_tuning_they_are_handed(corpus_specs, inline_chains, tmp_path):
+    pipe = build(corpus_specs, "local", ThresholdProbe(str(tmp_path)))
+    tuning = RuntimeConfig(gc="tuned")
+    run = pipe.run(ExecutionConfig(runner="ray", workers=2, worker_tuning=tuning))
+    assert chains(run) == inline_chains
+    seen = {p.name: tuple(json.loads(p.read_text())) for p in tmp_path.iterdir()}
+    assert seen and str(os.getpid()) not in seen  # ran on the actors
+    assert set(seen.values()) == {gc_policy.THRESHOLD}
 
 
 def test_runner_ray_puts_map_stages_on_ray_and_equals_inline(corpus_specs, inline_chains):
@@ -279,12 +307,25 @@ def test_repeated_actor_failure_ends_the_stream_with_a_clear_error(corpus_specs)
 # -- configuration --------------------------------------------------------------------------
 
 
-def test_ray_address_comes_from_the_environment_then_the_config(monkeypatch):
-    monkeypatch.delenv(ray_runner.ENV_ADDRESS, raising=False)
+def test_ray_address_comes_from_the_config_and_the_command_line_reads_the_environment(
+    monkeypatch, tmp_path, corpus_dir
+):
+    from zephon_server.cli import build_parser
+    from zephon_server.pipeline_flags import load_pipeline
+
+    # The engine reads no environment: only execution.ray_address counts there.
+    monkeypatch.setenv("ZEPHON_RAY_ADDRESS", "auto")
     assert ray_runner.ray_address(None) is None
     assert ray_runner.ray_address("ray://head:10001") == "ray://head:10001"
-    monkeypatch.setenv(ray_runner.ENV_ADDRESS, "auto")
-    assert ray_runner.ray_address("ray://head:10001") == "auto"
+    # The zephon command puts $ZEPHON_RAY_ADDRESS there, over the config's key.
+    cfg = write_config(tmp_path / "p.yaml", corpus_dir)
+    data = yaml.safe_load(cfg.read_text())
+    data["execution"] = {**data.get("execution", {}), "ray_address": "ray://head:10001"}
+    cfg.write_text(yaml.safe_dump(data))
+    args = build_parser().parse_args(["explain", "--config", str(cfg)])
+    assert load_pipeline(args)[1].ray_address == "auto"
+    monkeypatch.delenv("ZEPHON_RAY_ADDRESS")
+    assert load_pipeline(args)[1].ray_address == "ray://head:10001"
 
 
 def test_ray_address_config_key(tmp_path, corpus_dir):

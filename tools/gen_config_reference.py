@@ -26,7 +26,12 @@ from zephon_server.cli import build_parser
 from zephon_server.engine.chat_layout import TRAIN_ON
 from zephon_server.engine.config import TOP_LEVEL_KEYS
 from zephon_server.engine.datasets import EXHAUSTION_POLICIES, ON_ERROR_POLICIES, DatasetSpec
-from zephon_server.engine.execution import RUNNERS, TOP_LEVEL_FIELDS, ExecutionConfig
+from zephon_server.engine.execution import (
+    PROGRAM_FIELDS,
+    RUNNERS,
+    TOP_LEVEL_FIELDS,
+    ExecutionConfig,
+)
 from zephon_server.engine.ops import OPERATORS
 from zephon_server.engine.ops.base import EXECUTION_PARAMS, PLACEMENTS
 from zephon_server.engine.ops.mixture import MIXTURE_UNITS
@@ -117,7 +122,7 @@ EXECUTION = {
     "fuse": "Run consecutive stateless operators in one worker call.",
     "queue_depth": "Item lists buffered between steps.",
     "ray_address": "Ray cluster for the Ray runner (`auto`, `ray://head:10001`, `local`); "
-    "`$ZEPHON_RAY_ADDRESS` wins; unset: a private local Ray.",
+    "`zephon` commands let `$ZEPHON_RAY_ADDRESS` override it; unset: a private local Ray.",
 }
 
 EXECUTION_ONLY = {
@@ -335,8 +340,8 @@ def execution_section() -> list[str]:
         "|---|---|---|---|---|",
     ]
     for f in dataclasses.fields(ExecutionConfig):
-        if f.name in TOP_LEVEL_FIELDS:
-            continue  # a top-level key (see above)
+        if f.name in TOP_LEVEL_FIELDS or f.name in PROGRAM_FIELDS:
+            continue  # a top-level key (see above), or set by the program, not by YAML
         values = ", ".join(f"`{v}`" for v in RUNNERS) if f.name == "runner" else ""
         meaning = _cell(_need(EXECUTION, f.name, "execution key"))
         kind = _cell(f"`{f.type}`")

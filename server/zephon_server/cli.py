@@ -19,124 +19,19 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .engine.errors import ZephonError
+from .pipeline_flags import load_pipeline, pipeline_args, tuned_runtime
 from .stop_signals import StartupInterrupted, StopSignals
 
 if TYPE_CHECKING:
-    from .engine.checkpoint_key import CheckpointKey
-    from .engine.execution import ExecutionConfig
-    from .engine.pipeline import Pipeline
     from .engine.records import SampleBatch
 
 log = logging.getLogger("zephon")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def parse_lanes(text: str | None) -> list[int] | None:
-    """``"0,1,4-7"`` → ``[0, 1, 4, 5, 6, 7]``; None stays None (all lanes)."""
-    if not text:
-        return None
-    lanes: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                lanes.extend(range(int(lo), int(hi) + 1))
-            else:
-                lanes.append(int(part))
-    except ValueError:
-        raise ZephonError(f"--lanes: expected a list like 0,1,4-7, got {text!r}") from None
-    return lanes
-
-
-def load_pipeline(args: argparse.Namespace) -> tuple[Pipeline, ExecutionConfig]:
-    """The pipeline named by --config or --pipeline, or the embedded default."""
-    from .engine.execution import ExecutionConfig
-
-    if getattr(args, "config", None) and getattr(args, "pipeline", None):
-        raise ZephonError("give either --config or --pipeline, not both")
-    if getattr(args, "config", None):
-        from .engine.config import load_config
-
-        pipeline, execution = load_config(args.config)
-    elif getattr(args, "pipeline", None):
-        from .engine.ops.map_transform import resolve_callable
-
-        pipeline, execution = _python_pipeline(
-            resolve_callable(_import_path(args.pipeline), what="--pipeline")
-        )
-    else:
-        from .defaults import default_pipeline
-
-        pipeline, execution = default_pipeline(), ExecutionConfig()
-    overrides = {
-        "runner": getattr(args, "runner", None),
-        "workers": getattr(args, "workers", None),
-        "index_dir": index_dir_from_args(args, execution.index_dir, os.environ),
-    }
-    return pipeline, execution.with_overrides(**overrides)
-
-
-def index_dir_from_args(
-    args: argparse.Namespace, configured: str | None, environ: Mapping[str, str]
-) -> str:
-    """Where the shard index lives: ``--index-dir`` (wins), else the config's ``index_dir``,
-    else ``<state-dir>/index`` when there is a ``--state-dir``, else the per-user cache
-    directory (``$XDG_CACHE_HOME/zephon/index``, ``~/.cache/zephon/index``). ``none`` keeps
-    it in memory only."""
-    from .engine.index_dir import user_index_dir
-
-    flag = getattr(args, "index_dir", None)
-    if flag is not None:
-        if not flag:
-            raise ZephonError("--index-dir: give a directory, or 'none' to keep it in memory")
-        return str(flag)
-    if configured is not None:
-        return configured
-    state_dir = getattr(args, "state_dir", None)
-    if state_dir:
-        return os.path.join(state_dir, "index")
-    return user_index_dir(environ)
-
-
-def _import_path(spec: str) -> str:
-    """Accept ``file.py:function``: the file's directory joins ``sys.path`` and the file is
-    imported under its own module name, so process and Ray workers can import it too."""
-    import os
-
-    path, _, func = spec.rpartition(":")
-    if not path.endswith(".py"):
-        return spec
-    if not os.path.isfile(path):
-        raise ZephonError(f"--pipeline: file {path!r} does not exist")
-    directory = os.path.dirname(os.path.abspath(path))
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    name = os.path.splitext(os.path.basename(path))[0]
-    if not name.isidentifier():
-        raise ZephonError(f"--pipeline: {path!r} must be named like a Python module")
-    return f"{name}:{func}"
-
-
-def _python_pipeline(fn: Any) -> tuple[Pipeline, ExecutionConfig]:
-    from .engine.execution import ExecutionConfig
-    from .engine.pipeline import Pipeline
-
-    result = fn()
-    if isinstance(result, tuple):
-        pipeline, execution = result
-    else:
-        pipeline, execution = result, ExecutionConfig()
-    if not isinstance(pipeline, Pipeline):
-        raise ZephonError(
-            "--pipeline: the function must return a Pipeline "
-            "(or a (Pipeline, ExecutionConfig) tuple)"
-        )
-    return pipeline, execution
 
 
 def batch_json(batch: SampleBatch) -> dict[str, Any]:
@@ -158,17 +53,20 @@ def batch_json(batch: SampleBatch) -> dict[str, Any]:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    pipeline, execution = load_pipeline(args)
+    """Print the compiled plan."""
+    pipeline, execution = load_pipeline(args, tuned_runtime())
     print(pipeline.explain(execution))
     return 0
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    """Run in-process and print the first N batches of each selected lane."""
     from .engine.records import SampleBatch
     from .engine.run import PipelineRun
+    from .serve_flags import checkpoint_key_from_args, parse_lanes
 
-    key = checkpoint_key_from_args(args)
-    pipeline, execution = load_pipeline(args)
+    key = checkpoint_key_from_args(args, os.environ)
+    pipeline, execution = load_pipeline(args, tuned_runtime())
     lanes = parse_lanes(args.lanes)
     plan = pipeline.plan(execution)
 
@@ -217,7 +115,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 def cmd_run_default(args: argparse.Namespace) -> int:
     """Run the embedded default pipeline in-process, logging batches and throughput."""
-    pipeline, execution = load_pipeline(args)
+    pipeline, execution = load_pipeline(args, tuned_runtime())
     print(pipeline.explain(execution))
     run = pipeline.run(execution)
     start = last = time.monotonic()
@@ -250,40 +148,34 @@ def cmd_run_default(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace, signals: StopSignals | None = None) -> int:
-    """Serve the pipeline over gRPC until SIGTERM (``signals``: see :func:`main`)."""
+def cmd_serve(
+    args: argparse.Namespace,
+    signals: StopSignals | None = None,
+    *,
+    allocator: str | None = None,
+    exec_argv: Sequence[str] | None = None,
+) -> int:
+    """Serve the pipeline over gRPC until SIGTERM (``signals``, ``exec_argv``: see
+    :func:`main`; ``allocator``: the choice already carried out). The flags and environment
+    become one frozen ``ServeConfig`` (checked before the pipeline loads), whose process
+    tuning is applied before the pipeline starts its threads."""
+    from .serve_flags import serve_config
     from .service.server import serve
 
-    pipeline, execution = load_pipeline(args)
-    return serve(args, pipeline, execution, signals)
-
-
-CHECKPOINT_KEY_ENV = "ZEPHON_CHECKPOINT_KEY"
-"""Environment variable holding the checkpoint key (``--checkpoint-key-file`` wins)."""
-
-
-def checkpoint_key_from_args(
-    args: argparse.Namespace, environ: Mapping[str, str] | None = None
-) -> CheckpointKey | None:
-    """The checkpoint key ``--checkpoint-key-file`` or ``ZEPHON_CHECKPOINT_KEY`` gives (the
-    flag wins), or None: checkpoints are then written unsigned and read unverified."""
-    from .engine.checkpoint_key import CheckpointKey
-
-    env = os.environ if environ is None else environ
-    path = getattr(args, "checkpoint_key_file", None)
-    if path:
-        return CheckpointKey.from_file(path)
-    text = env.get(CHECKPOINT_KEY_ENV, "")
-    if text.strip():
-        return CheckpointKey.from_text(text, CHECKPOINT_KEY_ENV)
-    return None
+    config = serve_config(args, os.environ)
+    if config.runtime.allocator != allocator:  # e.g. an abbreviated --allocator
+        _ensure_allocator(config.runtime.allocator, exec_argv, signals)
+    config.runtime.apply_process()
+    pipeline, execution = load_pipeline(args, config.runtime)
+    return serve(config, pipeline, execution, signals)
 
 
 def cmd_sign_checkpoint(args: argparse.Namespace) -> int:
     """Sign an intact checkpoint file with the key, for servers that require signatures."""
     from .engine.checkpoint import UnsignedCheckpoint, read_state_file, write_atomic
+    from .serve_flags import CHECKPOINT_KEY_ENV, checkpoint_key_from_args
 
-    key = checkpoint_key_from_args(args)
+    key = checkpoint_key_from_args(args, os.environ)
     if key is None:
         raise ZephonError(
             f"sign-checkpoint needs the key: --checkpoint-key-file PATH or {CHECKPOINT_KEY_ENV}"
@@ -299,10 +191,19 @@ def cmd_sign_checkpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    """Print batches of one lane from a running server."""
-    from zephon_client import ZephonClientError
-    from zephon_client.tail import tail
-
+    """Print batches of one lane from a running server, with the client package's
+    :func:`zephon_client.tail.tail`. The one place the server package uses the client, and
+    only when the command runs (an import-boundary test keeps it so): a server installed
+    without the client still serves."""
+    try:
+        from zephon_client import ZephonClientError
+        from zephon_client.tail import tail
+    except ImportError as exc:
+        raise ZephonError(
+            f"zephon tail needs the client package zephon_client ({exc}); install the "
+            "project with its client (pip install zephon-service), or run the client's own "
+            "python -m zephon_client.tail"
+        ) from None
     try:
         tail(
             args.address, args.lane, args.count, start_seq=args.start_seq, decode=not args.no_decode
@@ -313,21 +214,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-def index_dir_arg(p: argparse.ArgumentParser) -> None:
-    """``--index-dir`` for a command that resolves datasets."""
-    p.add_argument(
-        "--index-dir",
-        default=None,
-        metavar="DIR",
-        help="where the shard index (row counts and offsets of every shard) is kept between "
-        "runs; 'none' keeps it in memory only (default: the config's index_dir, else "
-        "<state-dir>/index with --state-dir, else $XDG_CACHE_HOME/zephon/index or "
-        "~/.cache/zephon/index)",
-    )
-
-
 def checkpoint_key_arg(p: argparse.ArgumentParser, what: str) -> None:
     """``--checkpoint-key-file`` for a command that reads or writes checkpoint files."""
+    from .serve_flags import CHECKPOINT_KEY_ENV
+
     p.add_argument(
         "--checkpoint-key-file",
         default=None,
@@ -338,18 +228,9 @@ def checkpoint_key_arg(p: argparse.ArgumentParser, what: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every sub-command."""
-    from .engine.execution import RUNNERS
-
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    def pipeline_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="pipeline YAML file")
-        p.add_argument("--pipeline", help="Python pipeline, file.py:function or module:function")
-        p.add_argument("--runner", choices=RUNNERS, help="override execution.runner")
-        p.add_argument("--workers", type=int, help="override execution.workers")
-        index_dir_arg(p)
 
     p = sub.add_parser("explain", help="print the compiled plan")
     pipeline_args(p)
@@ -367,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve the pipeline over gRPC")
     pipeline_args(p)
-    from .service.server import add_serve_arguments
+    from .serve_flags import add_serve_arguments
 
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
@@ -401,9 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``zephon`` command.
+def main(argv: Sequence[str] | None = None, *, exec_argv: Sequence[str] | None = None) -> int:
+    """Run the ``zephon`` command line ``argv`` (default ``sys.argv[1:]``); the exit code.
 
+    ``exec_argv`` is the command line that runs this program again (:func:`entry` passes
+    ``sys.orig_argv``): ``serve`` may then re-execute itself on a faster allocator. Callers
+    that run the command inside a process of their own (tests, embedding) leave it None:
+    the allocator is decided the same way, and a re-execution is logged instead of done.
     For ``serve``, SIGTERM/SIGINT are handled from the first line (see :mod:`.stop_signals`):
     one during the start-up stops it and exits 0, never a traceback or status -15.
     """
@@ -412,22 +297,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         words = sys.argv[1:] if argv is None else list(argv)
         signals = _stop_signals(words)
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-        preloaded = None
-        if argv is None and _command(words) == "serve":
-            # Run as a program: may re-execute itself with a faster malloc (allocator.py),
-            # before the parser imports the server (numpy, gRPC, the engine), which the new
-            # image would import again.
-            from .allocator import requested
+        allocator = None
+        if _command(words) == "serve":
+            # Before the parser imports the server (numpy, gRPC, the engine), which a
+            # re-executed image would import again.
+            from .runtime.allocator import requested
 
-            preloaded = requested(words)
-            _ensure_allocator(preloaded, signals)
-        args = build_parser().parse_args(argv)
+            allocator = requested(words)
+            _ensure_allocator(allocator, exec_argv, signals)
+        args = build_parser().parse_args(words)
         if args.verbose:
             logging.getLogger().setLevel(logging.DEBUG)
         if args.command == "serve":
-            if argv is None and args.allocator != preloaded:
-                _ensure_allocator(args.allocator, signals)  # an abbreviated --allocator
-            return cmd_serve(args, signals)
+            return cmd_serve(args, signals, allocator=allocator, exec_argv=exec_argv)
         return int(args.func(args))
     except ZephonError as exc:
         print(f"zephon: error: {exc}", file=sys.stderr)
@@ -438,6 +320,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except BrokenPipeError:
         return 0
+
+
+def entry() -> NoReturn:
+    """The ``zephon`` program (console script and ``python -m zephon_server.cli``): its own
+    process, so ``serve`` may re-execute it (:func:`main` with ``exec_argv``)."""
+    sys.exit(main(sys.argv[1:], exec_argv=sys.orig_argv))
 
 
 def _command(argv: Sequence[str]) -> str | None:
@@ -452,14 +340,16 @@ def _stop_signals(argv: Sequence[str]) -> StopSignals | None:
     return StopSignals.install()
 
 
-def _ensure_allocator(choice: str, signals: StopSignals | None) -> None:
-    """:func:`~.allocator.ensure_allocator` with the stop signals blocked: one that arrives
-    meanwhile stays pending for the re-executed image."""
-    from .allocator import ensure_allocator
+def _ensure_allocator(
+    choice: str, exec_argv: Sequence[str] | None, signals: StopSignals | None
+) -> None:
+    """:func:`~.runtime.allocator.ensure_allocator` with the stop signals blocked: one that
+    arrives meanwhile stays pending for the re-executed image."""
+    from .runtime.allocator import ensure_allocator
 
     with signals.blocked() if signals else contextlib.nullcontext():
-        ensure_allocator(choice)
+        ensure_allocator(choice, exec_argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -27,7 +27,7 @@ def default_workers() -> int:
 
 def add_index_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``zephon index``."""
-    from .cli import index_dir_arg
+    from .pipeline_flags import index_dir_arg
 
     p.add_argument("--config", help="pipeline YAML file")
     p.add_argument("--pipeline", help="Python pipeline, file.py:function or module:function")
@@ -58,17 +58,17 @@ def add_index_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Build every dataset's index entries and catalog; prints one summary line."""
-    from .cli import load_pipeline
     from .engine.index_builder import build_index, list_jobs
     from .engine.index_dir import NONE, location_write_problem, open_index_dir
     from .engine.shard_index import ShardIndex
     from .engine.shards import ShardCache
+    from .pipeline_flags import load_pipeline, tuned_runtime
     from .progress import ProgressBar, human_bytes
 
     interval = args.progress_interval
     if not interval >= 0:
         raise ZephonError(f"--progress-interval must be >= 0 seconds, got {interval!r}")
-    pipeline, execution = load_pipeline(args)
+    pipeline, execution = load_pipeline(args, tuned_runtime())
     where = execution.index_dir
     if where is None or where == NONE:
         raise ZephonError(

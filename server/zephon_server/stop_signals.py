@@ -7,7 +7,7 @@ port, before it starts threads and worker processes) a signal raises
 script, nothing is left running, and the command exits 0. After the hand-over a signal calls the
 server's handler (a drain). A signal is never the default action (status -15) once installed.
 
-The allocator's re-execution (``allocator.py``) runs with the signals blocked
+The allocator's re-execution (``runtime/allocator.py``) runs with the signals blocked
 (:meth:`StopSignals.blocked`): a blocked signal stays pending across ``exec``, and the new
 image takes it as soon as it installs its own handlers.
 """

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import ConfigError
 
 RUNNERS = ("inline", "threads", "processes", "ray")
 #: Fields set by a top-level YAML key rather than under ``execution:``.
 TOP_LEVEL_FIELDS = ("index_dir",)
+#: Fields the program running the engine sets (the ``zephon`` command), never a YAML key.
+PROGRAM_FIELDS = ("worker_tuning",)
+
+
+@runtime_checkable
+class WorkerTuning(Protocol):
+    """Process tuning a runner applies in each worker process or Ray actor it starts, before
+    any operator's ``setup`` (``zephon_server.runtime.RuntimeConfig`` is one). It must pickle;
+    it never changes the data."""
+
+    def apply_in_worker(self) -> None:
+        """Tune the worker process this is called in."""
 
 
 @dataclass(frozen=True)
@@ -18,10 +30,12 @@ class ExecutionConfig:
 
     ``deterministic=False`` forwards results in completion order and allows latency flushes:
     every record is still delivered exactly once, but the order may vary between runs.
-    ``ray_address`` is the Ray cluster of the Ray runner (``$ZEPHON_RAY_ADDRESS`` wins; unset:
-    a private local Ray; see :mod:`.runners.ray`). ``index_dir`` is where the shard index is
-    persisted (:mod:`.index_dir`); None or ``"none"`` keeps it in memory only. It is the YAML
-    top-level key ``index_dir``, not a key of ``execution:``.
+    ``ray_address`` is the Ray cluster of the Ray runner (unset: a private local Ray; see
+    :mod:`.runners.ray`; the ``zephon`` command lets ``$ZEPHON_RAY_ADDRESS`` override it).
+    ``index_dir`` is where the shard index is persisted (:mod:`.index_dir`); None or
+    ``"none"`` keeps it in memory only. It is the YAML top-level key ``index_dir``, not a key
+    of ``execution:``. ``worker_tuning`` (not a YAML key) is applied in every worker process
+    and Ray actor the runners start (None: they run untuned).
     """
 
     runner: str = "threads"
@@ -31,6 +45,7 @@ class ExecutionConfig:
     queue_depth: int = 4
     ray_address: str | None = None
     index_dir: str | None = None
+    worker_tuning: WorkerTuning | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -55,6 +70,11 @@ class ExecutionConfig:
                 "index_dir: must be a directory path or 'none' (keep the shard index in "
                 f"memory only), got {self.index_dir!r}"
             )
+        if self.worker_tuning is not None and not isinstance(self.worker_tuning, WorkerTuning):
+            raise ConfigError(
+                "worker_tuning: must have an apply_in_worker() method (e.g. "
+                f"zephon_server.runtime.RuntimeConfig), got {self.worker_tuning!r}"
+            )
         for name in ("deterministic", "fuse"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
@@ -65,7 +85,7 @@ class ExecutionConfig:
     def from_mapping(cls, data: dict[str, Any] | None) -> ExecutionConfig:
         """Build from a config mapping, rejecting unknown keys by name."""
         data = dict(data or {})
-        allowed = {f.name for f in fields(cls)} - set(TOP_LEVEL_FIELDS)
+        allowed = {f.name for f in fields(cls)} - set(TOP_LEVEL_FIELDS) - set(PROGRAM_FIELDS)
         unknown = sorted(set(data) - allowed)
         for name in TOP_LEVEL_FIELDS:
             if name in data:

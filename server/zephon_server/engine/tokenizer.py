@@ -21,10 +21,6 @@ import numpy as np
 from .errors import ConfigError
 from .token_offsets import byte_length_table, char_to_byte_offsets, offsets_from_lengths
 
-# Parallelism is the runner's knob (workers), so a Hugging Face tokenizer must not also fan
-# out over every core inside each call; set TOKENIZERS_PARALLELISM=true to override.
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 _ID_DTYPE = np.int32
 
 

@@ -17,11 +17,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..allocator import current_name
 from ..engine.hub import LaneHub
 from ..engine.records import SampleBatch
 from ..engine.replay_cache import ReplayCache
 from ..engine.storage.metrics import StorageStats, histogram, storage_stats
+from ..runtime.allocator import current_name
 
 
 class ServiceMetrics:

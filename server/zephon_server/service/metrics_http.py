@@ -15,14 +15,14 @@ the same exposition (``prometheus_client.make_wsgi_app``) from a small ``wsgiref
   them (``Authorization`` header, compared in constant time over SHA-256 digests); otherwise
   it gets ``401`` with ``WWW-Authenticate`` and never the metrics.
 
-:func:`config_from_args` turns ``zephon serve``'s ``--metrics-*`` flags (and
-``ZEPHON_METRICS_TOKEN``) into a frozen :class:`MetricsHTTPConfig`; :class:`MetricsHTTPServer`
-binds it (errors at start-up name the flag) and :meth:`MetricsHTTPServer.start` serves.
+The command line turns ``zephon serve``'s ``--metrics-*`` flags (and ``ZEPHON_METRICS_TOKEN``)
+into a frozen :class:`MetricsHTTPConfig` (:func:`zephon_server.serve_flags.metrics_config`);
+:class:`MetricsHTTPServer` binds it (errors at start-up name the flag) and
+:meth:`MetricsHTTPServer.start` serves.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import contextlib
@@ -36,7 +36,7 @@ import ssl
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,11 +48,6 @@ from ..engine.errors import ZephonError
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "ZEPHON_METRICS_TOKEN"
-"""Environment variable holding the metrics bearer token when ``--metrics-auth-token`` is not
-given."""
-DEFAULT_HOST = "127.0.0.1"
-TLS_CHOICES = ("auto", "on", "off")
 MAX_CONNECTIONS = 16
 """Connections served at once; a scraper needs one, a few humans with curl a few more."""
 MAX_REQUEST_HEAD = 16 * 1024
@@ -63,37 +58,6 @@ REQUEST_DEADLINE = 30.0
 """Seconds a connection may last in all; then its socket is shut down."""
 REALM = "zephon-metrics"
 SERVER = "zephon-metrics"
-
-
-def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``--metrics-*`` flags of ``zephon serve`` besides ``--metrics-port``."""
-    p.add_argument(
-        "--metrics-host",
-        default=DEFAULT_HOST,
-        help="address /metrics listens on (default 127.0.0.1, whatever --host says; 0.0.0.0 "
-        "for all interfaces)",
-    )
-    p.add_argument(
-        "--metrics-tls",
-        choices=TLS_CHOICES,
-        default="auto",
-        help="serve /metrics over HTTPS with --tls-cert/--tls-key (and require client "
-        "certificates signed by --tls-client-ca when given): 'auto' (default) when --tls-cert "
-        "is given, 'on' (needs them), 'off' plain HTTP",
-    )
-    p.add_argument(
-        "--metrics-auth-token",
-        default=None,
-        help="require 'Authorization: Bearer <token>' on /metrics (or set "
-        f"{TOKEN_ENV}; prefer the variable, command lines are visible in ps)",
-    )
-    p.add_argument(
-        "--metrics-basic-auth-file",
-        default=None,
-        metavar="FILE",
-        help="require HTTP basic auth on /metrics with one of the 'user:password' lines of "
-        "this file (keep it private: chmod 600)",
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,54 +121,6 @@ class MetricsHTTPConfig:
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return False
-
-
-def config_from_args(
-    args: argparse.Namespace, environ: Mapping[str, str]
-) -> MetricsHTTPConfig | None:
-    """The metrics configuration ``zephon serve``'s flags ask for (None without
-    ``--metrics-port``); raises :class:`ZephonError` naming the flag when they are wrong."""
-    token = getattr(args, "metrics_auth_token", None) or environ.get(TOKEN_ENV) or None
-    users_file = getattr(args, "metrics_basic_auth_file", None)
-    mode = getattr(args, "metrics_tls", "auto")
-    host = getattr(args, "metrics_host", DEFAULT_HOST)
-    port = args.metrics_port
-    if port is None:
-        given = [
-            flag
-            for flag, value in (
-                ("--metrics-auth-token", getattr(args, "metrics_auth_token", None)),
-                ("--metrics-basic-auth-file", users_file),
-                ("--metrics-tls on", "on" if mode == "on" else None),
-                ("--metrics-host", None if host == DEFAULT_HOST else host),
-            )
-            if value
-        ]
-        if given:
-            raise ZephonError(f"{', '.join(given)} needs --metrics-port (metrics are off)")
-        return None
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ZephonError(f"--metrics-port must be between 0 and 65535, got {port!r}")
-    if mode not in TLS_CHOICES:
-        raise ZephonError(f"--metrics-tls must be one of {', '.join(TLS_CHOICES)}, got {mode!r}")
-    cert, key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
-    use_tls = mode == "on" or (mode == "auto" and bool(cert))
-    if use_tls and not (cert and key):
-        raise ZephonError(
-            f"--metrics-tls {mode} needs --tls-cert and --tls-key (the certificate /metrics "
-            "shares with gRPC)"
-        )
-    if not host:
-        raise ZephonError("--metrics-host must not be empty (127.0.0.1, 0.0.0.0, ...)")
-    return MetricsHTTPConfig(
-        host=host,
-        port=port,
-        certfile=cert if use_tls else None,
-        keyfile=key if use_tls else None,
-        client_cafile=(getattr(args, "tls_client_ca", None) or None) if use_tls else None,
-        token=token,
-        users=read_users(users_file) if users_file else (),
-    )
 
 
 def read_users(path: str) -> tuple[tuple[str, str], ...]:

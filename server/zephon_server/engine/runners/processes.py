@@ -1,7 +1,9 @@
 """The processes runner: each step's ``process_many`` calls run in worker processes.
 
 Workers are started with the ``spawn`` method. Each receives the step's operators (pickled
-once, at start) and runs ``setup()`` in the worker before any data arrives. Array payloads
+once, at start) and the execution's ``worker_tuning`` (applied first: the server's garbage
+collector policy and malloc arenas), and runs ``setup()`` in the worker before any data
+arrives. Array payloads
 come back through shared memory as lazy handles (:mod:`..shm`). A worker that dies fails
 the run with a :class:`WorkerError` naming the operator and the exit code; it never hangs.
 
@@ -23,9 +25,9 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ... import gc_policy
 from .. import shm, shm_owner
 from ..errors import WorkerError
+from ..execution import WorkerTuning
 from ..storage.metrics import storage_stats
 from . import lifeline
 from .base import PooledRunner
@@ -42,12 +44,15 @@ def _init_worker(
     line: Connection,
     owner_pid: int,
     owner: str | None,
+    tuning: WorkerTuning | None,
 ) -> None:
     """Worker initializer: watch the owning process's lifeline first (exit if it is gone),
-    name payload blocks after its owner id, keep the steps and run every operator's setup."""
+    name payload blocks after its owner id, apply the process tuning, keep the steps and run
+    every operator's setup."""
     lifeline.watch(line, owner_pid)
     shm_owner.adopt(owner)
-    gc_policy.apply_inherited()
+    if tuning is not None:
+        tuning.apply_in_worker()
     for step, ctxs in zip(steps, contexts):
         for op, ctx in zip(step.ops, ctxs):
             ctx.worker_id = os.getpid()
@@ -55,9 +60,11 @@ def _init_worker(
         _WORKER_STEPS[step.index] = step
 
 
-def _initargs(steps: list[Step], contexts: list[list[Any]], owner: str | None) -> tuple[Any, ...]:
+def _initargs(
+    steps: list[Step], contexts: list[list[Any]], owner: str | None, tuning: WorkerTuning | None
+) -> tuple[Any, ...]:
     """The arguments of :func:`_init_worker` for a worker of this process."""
-    return (steps, contexts, lifeline.lifeline(), os.getpid(), owner)
+    return (steps, contexts, lifeline.lifeline(), os.getpid(), owner, tuning)
 
 
 def _run_task(step_index: int, elems: list[Any]) -> tuple[list[Any], float, Any]:
@@ -86,7 +93,6 @@ class ProcessesRunner(PooledRunner):
         self._notes: dict[int, str] = {}  # step -> death note, computed once
 
     def start_pool(self) -> None:
-        gc_policy.check(gc_policy.from_env())  # here, not in each worker
         ctx = multiprocessing.get_context("spawn")
         owner = shm_owner.owner_id()  # first in a process: sweeps dead owners' blocks
         semaphores = shm_owner.mapped_semaphores()
@@ -102,7 +108,7 @@ class ProcessesRunner(PooledRunner):
                 max_workers=step.workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=_initargs([step], contexts, owner),
+                initargs=_initargs([step], contexts, owner, self.plan.execution.worker_tuning),
             )
         # The pools' queues made named semaphores (spawn): list them for a sweep after a crash.
         shm_owner.record_semaphores(shm_owner.mapped_semaphores() - semaphores)

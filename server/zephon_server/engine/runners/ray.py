@@ -19,9 +19,12 @@ numbers and their results go through the same reorder buffer, so the output equa
   another actor, and the dead actor is replaced (its operators set up again); because
   ``process_many`` is stateless the result is the same. After :data:`MAX_RETRIES` retries
   of one micro-batch the run fails with a ``WorkerError`` saying so.
+* **Tuning.** Each actor applies the execution's ``worker_tuning`` before it loads its
+  operators, as process workers do.
 * **Ray itself.** If this process is already connected to Ray (``ray.init`` called by the
   application), that connection is used as it is. Otherwise the address is, in order:
-  ``$ZEPHON_RAY_ADDRESS``, ``execution.ray_address``, Ray's own ``$RAY_ADDRESS``; with none a
+  ``execution.ray_address`` (the ``zephon`` command sets it from ``$ZEPHON_RAY_ADDRESS`` when
+  that is set), Ray's own ``$RAY_ADDRESS`` (Ray reads it); with none a
   private local Ray is started (``num_cpus`` = this machine's cores, a small object store,
   no dashboard) and shut down when the last Ray stage of the process closes.
 """
@@ -42,6 +45,7 @@ from typing import Any
 
 from .. import shm
 from ..errors import ConfigError, WorkerError, ZephonError
+from ..execution import WorkerTuning
 from .base import PooledRunner
 from .steps import Step, Task
 
@@ -54,8 +58,6 @@ except ImportError:  # pragma: no cover - CI installs the extra
     ray = None  # type: ignore[assignment]
     ray_exceptions = None  # type: ignore[assignment]
 
-#: Environment variable naming the Ray cluster to connect to (wins over the config).
-ENV_ADDRESS = "ZEPHON_RAY_ADDRESS"
 #: Retries of one micro-batch after infrastructure failures, each on another actor.
 MAX_RETRIES = 3
 #: Object store of a private local Ray (results travel by value and are freed at once).
@@ -76,7 +78,13 @@ class StepWorker:
     :meth:`run`: it is deterministic, so retrying on another actor would not help.
     """
 
-    def __init__(self, sys_path: list[str], step_bytes: bytes, contexts: list[Any]) -> None:
+    def __init__(
+        self,
+        sys_path: list[str],
+        step_bytes: bytes,
+        contexts: list[Any],
+        tuning: WorkerTuning | None = None,
+    ) -> None:
         for entry in sys_path:
             if entry not in sys.path and (not entry or os.path.isdir(entry)):
                 sys.path.append(entry)
@@ -84,6 +92,10 @@ class StepWorker:
         self.step: Step | None = None
         name = "operators"
         try:
+            if tuning is not None:
+                name = "worker_tuning"
+                tuning.apply_in_worker()
+                name = "operators"
             step = pickle.loads(step_bytes)
             for op, ctx in zip(step.ops, contexts):
                 name = op.op_name
@@ -124,8 +136,9 @@ def _remote_worker() -> Any:
 
 
 def ray_address(configured: str | None) -> str | None:
-    """The address to connect to: ``$ZEPHON_RAY_ADDRESS``, then ``configured``, then None."""
-    return os.environ.get(ENV_ADDRESS) or configured or None
+    """The address to connect to: ``execution.ray_address`` (the ``zephon`` command puts
+    ``$ZEPHON_RAY_ADDRESS`` there), else None."""
+    return configured or None
 
 
 class _Session:
@@ -192,10 +205,13 @@ SESSION = _Session()
 class _Pool:
     """The actors of one step, with their in-flight task counts."""
 
-    def __init__(self, step: Step, step_bytes: bytes, contexts: list[Any]) -> None:
+    def __init__(
+        self, step: Step, step_bytes: bytes, contexts: list[Any], tuning: WorkerTuning | None
+    ) -> None:
         self.step = step
         self.step_bytes = step_bytes
         self.contexts = contexts
+        self.tuning = tuning
         self.lock = threading.Lock()
         self.actors: list[Any] = [self._new_actor() for _ in range(step.workers)]
         self.inflight = [0] * step.workers
@@ -214,7 +230,7 @@ class _Pool:
                 max_task_retries=0,
                 scheduling_strategy="SPREAD",
             )
-            .remote(list(sys.path), self.step_bytes, self.contexts)
+            .remote(list(sys.path), self.step_bytes, self.contexts, self.tuning)
         )
 
     def pick(self, avoid: int | None) -> tuple[int, Any]:
@@ -350,7 +366,8 @@ class RayRunner(PooledRunner):
                     f"{step.name}: cannot send the operator to Ray workers "
                     f"({type(exc).__name__}: {exc})"
                 ) from exc
-            self._pools[step.index] = _Pool(step, step_bytes, contexts)
+            tuning = self.plan.execution.worker_tuning
+            self._pools[step.index] = _Pool(step, step_bytes, contexts, tuning)
 
     def submit(self, task: Task) -> Future[list[Any]]:
         outer: Future[list[Any]] = Future()

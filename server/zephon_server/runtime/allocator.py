@@ -1,22 +1,26 @@
 """The memory allocator ``zephon serve`` runs with: mimalloc when it is installed.
 
-Hugging Face ``tokenizers`` allocates and frees on nearly every token. Under glibc's malloc a
-third of the benchmark pipeline's CPU went to ``malloc``/``free`` (``perf record`` of the
-tokenizer threads: ``_int_malloc``, ``_int_free``, ``malloc_consolidate``, ...), and preloading
-mimalloc cut the CPU per token by ~25% and raised the pipeline's throughput by ~30% on the same
-cores (``python -m bench.run`` measures both allocators). glibc's own tunables (tcache size,
-fastbins, trim thresholds) did not help.
+Hugging Face ``tokenizers`` allocates and frees on nearly every token, and under glibc's malloc
+much of the tokenizer threads' CPU goes to ``malloc``/``free``; mimalloc costs far less per
+token (``python -m bench.run`` measures both allocators; the figures and what did not help are
+in docs/decisions.md).
 
 An allocator replaces malloc only if it is loaded before anything else, so
 :func:`ensure_allocator` re-executes the process once (same pid, same command line) with
-``LD_PRELOAD`` naming the library; worker processes (``--runner processes``) inherit it. It is
-called by ``zephon serve`` run as a program, never by code that calls ``cli.main(argv)`` in a
-process of its own (tests, embedding). Choices (``--allocator`` or ``ZEPHON_ALLOCATOR``):
+``LD_PRELOAD`` naming the library; worker processes (``--runner processes``) inherit it.
+:func:`decide` makes the choice (a pure function of the choice, the environment and the
+library already mapped); :func:`ensure_allocator` carries it out. Every caller takes that same
+path: ``zephon serve`` run as a program passes the command line that runs it again; code that
+runs ``cli.main(argv)`` inside a process of its own (tests, embedding) passes none, and a
+decision to re-execute is then logged, not carried out. An allocator that is already loaded
+(``LD_PRELOAD`` set by the container image, say) never costs a re-execution.
+Choices (``--allocator`` or ``ZEPHON_ALLOCATOR``):
 
 ``auto`` (default)
-    mimalloc, else jemalloc, if one is installed (Debian: ``libmimalloc2.0``, ``libjemalloc2``)
-    and ``LD_PRELOAD`` is not set already (then that choice is kept); else glibc's malloc,
-    with a log line naming the package to install.
+    an allocator already preloaded (``LD_PRELOAD``) is kept and named in the log, as is any
+    other ``LD_PRELOAD``; else mimalloc, else jemalloc, if one is installed (Debian:
+    ``libmimalloc2.0``, ``libjemalloc2``); else glibc's malloc, with a log line naming the
+    package to install.
 ``mimalloc`` / ``jemalloc``
     that library; start-up fails naming the package when it is not installed.
 ``system``
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from .engine.errors import ZephonError
+from ..engine.errors import ZephonError
 
 log = logging.getLogger(__name__)
 
@@ -200,46 +204,100 @@ def describe(library: str | None) -> str:
     return "glibc malloc" if library is None else f"{name_of(library)} ({library})"
 
 
-def ensure_allocator(choice: str, argv: Sequence[str] | None = None) -> None:
-    """Re-execute this process so that it runs on ``choice`` (see the module docstring).
+@dataclass(frozen=True)
+class Decision:
+    """What :func:`ensure_allocator` does for a choice: run on as is (``preload`` None), or run
+    this program again with ``LD_PRELOAD`` = ``preload`` (a tuple; empty drops the variable).
 
-    ``argv`` is the command line to run again (default ``sys.orig_argv``). Returns normally
-    when nothing needs doing; logs which allocator the process runs with.
+    ``name`` is the allocator the process runs (or will run) on; ``message`` the log line
+    when nothing is re-executed, at ``level``.
     """
-    if os.environ.pop(_MARK, None) is not None:  # this is the re-executed process
-        wanted = os.environ.get("LD_PRELOAD", "").split(":")[0]
+
+    choice: str
+    name: str
+    message: str
+    preload: tuple[str, ...] | None = None
+    level: int = logging.INFO
+
+    @property
+    def reexec(self) -> bool:
+        """Whether carrying out the decision re-executes the process."""
+        return self.preload is not None
+
+
+GLIBC_HINT = (
+    "memory allocator: glibc malloc; install mimalloc (Debian/Ubuntu: apt-get install "
+    "libmimalloc2.0) for ~25% less CPU per token (--allocator, docs/operations.md)"
+)
+
+
+def decide(choice: str, environ: Mapping[str, str], loaded: str | None) -> Decision:
+    """What running on ``choice`` takes, given ``environ`` and the allocator library mapped
+    into the process (``loaded``, see :func:`loaded_library`). Raises
+    :class:`AllocatorError` for a choice that is not installed."""
+    preload = tuple(p for p in environ.get("LD_PRELOAD", "").split(":") if p)
+    if choice == "system":
+        if loaded is None:
+            return Decision(choice, "glibc", "memory allocator: glibc malloc")
+        kept = tuple(p for p in preload if not is_allocator(p))
+        if kept == preload:
+            return Decision(
+                choice,
+                name_of(loaded),
+                f"memory allocator: --allocator system, but {describe(loaded)} is loaded by "
+                "other means",
+                level=logging.WARNING,
+            )
+        return Decision(choice, "glibc", "", preload=kept)
+    if loaded is not None:  # preloaded already (LD_PRELOAD): never worth a re-execution
+        return Decision(
+            choice, name_of(loaded), f"memory allocator: {describe(loaded)}, preloaded already"
+        )
+    target = resolve(choice, environ)
+    if target.library is not None:
+        return Decision(choice, target.name, "", preload=(target.library, *preload))
+    if preload:
+        return Decision(
+            choice, "glibc", f"memory allocator: as LD_PRELOAD sets it ({':'.join(preload)})"
+        )
+    return Decision(choice, "glibc", GLIBC_HINT if choice == "auto" else "memory allocator: glibc")
+
+
+def ensure_allocator(
+    choice: str, exec_argv: Sequence[str] | None, environ: dict[str, str] | None = None
+) -> Decision:
+    """Make this process run on ``choice`` (see the module docstring); returns the decision.
+
+    ``exec_argv`` is the command line that runs this program again (``sys.orig_argv`` for the
+    ``zephon`` program); None when the process is not the program's own (tests, embedding):
+    a decision to re-execute is then logged and not carried out. ``environ`` (default
+    ``os.environ``) loses the re-execution mark here. Never returns when it re-executes.
+    """
+    env = os.environ if environ is None else environ
+    if env.pop(_MARK, None) is not None:  # this is the re-executed process
+        wanted = env.get("LD_PRELOAD", "").split(":")[0]
         current = loaded_library(also=wanted if choice != "system" else None)
         if current is None and choice != "system":
             log.warning(
                 "memory allocator: %s could not be preloaded; running on glibc malloc", wanted
             )
-        else:
-            log.info("memory allocator: %s", describe(current))
-        return
-    current = loaded_library()
-    preload = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
-    if choice == "system" and current is not None:
-        kept = [p for p in preload if not is_allocator(p)]
-        if kept == preload:
-            log.warning(
-                "memory allocator: --allocator system, but %s is loaded by other means",
-                describe(current),
-            )
-            return
-        _reexec(kept, "system", argv)
-    target = resolve(choice)
-    if target.library is None or current is not None:
-        if current is None and choice == "auto" and not preload:
-            log.info(
-                "memory allocator: glibc malloc; install mimalloc (Debian/Ubuntu: apt-get install "
-                "libmimalloc2.0) for ~25% less CPU per token (--allocator, docs/operations.md)"
-            )
-        elif current is None and preload:
-            log.info("memory allocator: as LD_PRELOAD sets it (%s)", ":".join(preload))
-        else:
-            log.info("memory allocator: %s", describe(current))
-        return
-    _reexec([target.library, *preload], target.name, argv)
+            return Decision(choice, "glibc", "")
+        log.info("memory allocator: %s (re-executed to preload it)", describe(current))
+        return Decision(choice, name_of(current), "")
+    decision = decide(choice, env, loaded_library())
+    if not decision.reexec:
+        log.log(decision.level, "%s", decision.message)
+    elif exec_argv is None:
+        log.info(
+            "memory allocator: %s; not re-executing on %s in a process that is not zephon's "
+            "own (set LD_PRELOAD=%s before starting it to use it)",
+            describe(loaded_library()),
+            decision.name,
+            ":".join(decision.preload or ()) or "''",
+        )
+    else:
+        _reexec(list(decision.preload or ()), decision.name, exec_argv, env)
+    return decision
 
 
 def requested(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
@@ -268,16 +326,18 @@ def tuned_environ(name: str, environ: Mapping[str, str]) -> dict[str, str]:
     return {**TUNING.get(name, {}), **environ}
 
 
-def _reexec(preload: list[str], name: str, argv: Sequence[str] | None) -> NoReturn:
+def _reexec(
+    preload: list[str], name: str, argv: Sequence[str], environ: Mapping[str, str]
+) -> NoReturn:
     """Run this program again, same pid and arguments, with ``LD_PRELOAD`` = ``preload``."""
-    env = dict(os.environ)
+    env = dict(environ)
     if preload:
         env["LD_PRELOAD"] = ":".join(preload)
     else:
         env.pop("LD_PRELOAD", None)
     env = tuned_environ(name, env)
     env[_MARK] = name
-    args = list(sys.orig_argv if argv is None else argv)
+    args = list(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, args, env)

@@ -4,32 +4,31 @@ The engine allocates a few container objects per record (records, metas, spans, 
 refs) that almost all die young, freed by reference counting. CPython's default first
 generation threshold (700) still runs a young collection every 700 net allocations, and every
 tenth of those scans the second generation, every tenth of *those* the whole heap (the
-interpreter's modules, the compiled pipeline): on the benchmark pipeline the processes runner's
-main process spent ~15% of its CPU in ``gc_collect_main`` (575 young, 50 middle, 5 full
-collections over 1000 batches, timed with ``gc.callbacks``), the threads runner ~2% of the
-whole process. ``tuned`` (the default) freezes what exists at start-up (``gc.freeze``: the
-imports and the compiled pipeline, never garbage) and raises the first threshold to
-:data:`THRESHOLD`: the same run then made 6 young and 2 full collections, spending ~0.04 s
-in them instead of ~0.46 s. Cyclic garbage is still collected, only in larger steps.
+interpreter's modules, the compiled pipeline): a measurable share of the processes runner's
+main process (docs/decisions.md has the measurement). ``tuned`` (the default) freezes what
+exists at start-up (``gc.freeze``: the imports and the compiled pipeline, never garbage) and
+raises the first threshold to :data:`THRESHOLD`, so collections become rare. Cyclic garbage is
+still collected, only in larger steps.
 
-``zephon serve`` applies ``--gc`` (or ``ZEPHON_GC``) before its pipeline starts and exports
-it, so ``--runner processes`` workers (which call :func:`apply_inherited` when they start)
-follow. Code that embeds the engine in its own process decides for itself: call
-:func:`apply` to get the same settings. Collection settings never change the data.
+The policy is a field of :class:`~zephon_server.runtime.RuntimeConfig`: ``zephon`` commands
+build it from ``--gc`` (or ``ZEPHON_GC``) and apply it before the pipeline starts, and the
+runners hand the same config to their worker processes and Ray actors, which apply it when
+they start (they read no environment). Code that embeds the engine in its own process decides
+for itself: call :func:`apply` to get the same settings. Collection settings never change the
+data.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 
-from .engine.errors import ConfigError
+from ..engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 ENV = "ZEPHON_GC"
-"""Environment variable: the policy when ``--gc`` is not given, and what workers inherit."""
+"""Environment variable: the policy when ``--gc`` is not given (read by the command line)."""
 
 CHOICES = ("tuned", "default")
 
@@ -61,18 +60,3 @@ def apply(mode: str = "tuned") -> None:
     gc.freeze()
     gc.set_threshold(*THRESHOLD)
     log.debug("gc: %d objects frozen, thresholds %s", gc.get_freeze_count(), THRESHOLD)
-
-
-def from_env() -> str:
-    """The policy :data:`ENV` names (``tuned`` when unset), not yet checked."""
-    return os.environ.get(ENV) or "tuned"
-
-
-def export(mode: str) -> None:
-    """Make worker processes started from now on apply ``mode`` (through :data:`ENV`)."""
-    os.environ[ENV] = check(mode)
-
-
-def apply_inherited() -> None:
-    """In a worker process: apply the policy its parent exported (``tuned`` when none)."""
-    apply(from_env())
