@@ -34,6 +34,7 @@ from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
 
 from .common import RESULTS, load_tok, machine, tokenizer_only_rate
+from .workload import runtime
 
 log = logging.getLogger("bench")
 
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publish", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    runtime().apply()  # the process tuning `zephon serve` runs with (the threads run here)
     result = run(args.rounds, args.quick)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "chat.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -122,6 +122,9 @@ class ThresholdProbe(Operator):
         super().__init__(**kwargs)
         self.where = where
 
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
     def process_many(self, elems):
         (Path(self.where) / str(os.getpid())).write_text(json.dumps(gc.get_threshold()))
         return elems

@@ -15,7 +15,7 @@ import pytest
 from conftest import make_pipeline
 from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.ops.base import Operator
+from zephon_server.engine.ops.base import Operator, OpTraits
 from zephon_server.engine.records import SampleBatch
 from zephon_server.runtime import ARENA_MAX, RuntimeConfig, from_environ, gc_policy
 
@@ -28,6 +28,9 @@ class Probe(Operator):
     def __init__(self, where: str, **kwargs):
         super().__init__(**kwargs)
         self.where = where
+
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
 
     def process_many(self, elems):
         seen = {

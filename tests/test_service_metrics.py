@@ -10,7 +10,7 @@ from service_helpers import read_lane, server, write_config
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.hub import LaneHub
-from zephon_server.engine.ops.base import Operator
+from zephon_server.engine.ops.base import Operator, OpTraits
 
 pytestmark = pytest.mark.service
 
@@ -98,6 +98,9 @@ class MaskCheck(Operator):
     renderer does under ``on_error: skip``."""
 
     op_name = "mask_check"
+
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
 
     def process_many(self, elems):
         return [e.tombstone("mask_empty") if not e.payload["loss_mask"].any() else e for e in elems]
