@@ -42,6 +42,7 @@ SHAPES = {"short": 40, "long": 400}  # mean words per answer
 CONVERSATIONS = {"short": 6000, "long": 1200}
 QWEN3 = Path(__file__).resolve().parents[1] / "build" / "tokenizers" / "qwen3" / "tokenizer.json"
 TARGET = 0.8
+RUNNER = "threads"
 SECTION = "## Chat pipeline"
 
 
@@ -112,7 +113,7 @@ def pipeline_config(root: Path, tokenizer: Path) -> dict[str, Any]:
             {"shuffle": {"buffer_size": 64}},
             {"batch": {"microbatch_size": 8}},
         ],
-        "execution": {"runner": "threads", "workers": 2},
+        "execution": {"runner": RUNNER, "workers": 2},
     }
 
 
