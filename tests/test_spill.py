@@ -233,3 +233,18 @@ def test_a_large_compressed_object_is_streamed_not_held_whole(s3, tmp_path: Path
     # buffer: neither the content nor the whole object.
     assert peak < 20 * MIB < compressed < content, (peak, compressed, content)
     assert cache.stats()["spills"] == 1 and cache.stats()["decompressions"] == 1
+
+
+def test_building_the_index_ahead_of_time_writes_no_spill_file(tmp_path: Path) -> None:
+    lines = rows(3000)
+    path = write_formats(tmp_path / "data", lines)["jsonl.gz"]
+    st = path.stat()
+    from zephon_server.engine.identity import local_identity
+
+    cache = cache_on(tmp_path / "index", spill_threshold=1024)
+    identity = local_identity(st.st_size, st.st_mtime_ns)
+    assert cache.ensure_entry(str(path), "jsonl.gz", identity) == (len(lines), True)
+    assert not list((tmp_path / "index").glob("spill/*.jsonl"))  # counting only
+    reader = cache_on(tmp_path / "index", spill_threshold=1024)  # a server afterwards
+    assert reader.read_rows(info(path, "jsonl.gz", len(lines)), [2999], "t") == [lines[2999]]
+    assert reader.stats()["spills"] == 1

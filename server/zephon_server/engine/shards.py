@@ -261,7 +261,7 @@ class ShardCache:
             return entry.rows, False
         if fmt in (JSONL_GZ, JSONL_ZST):
             saved: list[IndexEntry] = []
-            self._decompress_and_index((shard_path, fmt, identity), saved)
+            self._decompress_and_index((shard_path, fmt, identity), saved, keep=False)
             return saved[0].rows, True
         if fmt not in FORMATS:
             raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
@@ -502,13 +502,14 @@ class ShardCache:
         return value  # type: ignore[no-any-return]
 
     def _decompress_and_index(
-        self, key: tuple[str, str, str], saved: list[IndexEntry] | None
+        self, key: tuple[str, str, str], saved: list[IndexEntry] | None, keep: bool = True
     ) -> tuple[tuple[Any, np.ndarray], int]:
         """Decompress (verified) a compressed shard: ((content, line starts), nbytes); saves
         its index entry (with the zstd frame table) when the index has none. A content over
         the spill threshold is a :class:`~.spill.Spilled` file (reused when one is there
-        already) or, when it cannot be kept, :class:`~.spill.Unspilled`."""
-        reused = self._from_spill(key, saved)
+        already) or, when it cannot be kept (or ``keep`` is False: counting only),
+        :class:`~.spill.Unspilled`."""
+        reused = self._from_spill(key, saved) if keep else None
         if reused is not None:
             return reused
         path, fmt, identity = key
@@ -516,7 +517,7 @@ class ShardCache:
         sinks: list[SpillSink] = []
 
         def sink(expected: int) -> SpillSink:
-            sinks.append(self.spill.sink(key, self.spill_threshold, expected))
+            sinks.append(self.spill.sink(key, self.spill_threshold, expected, keep))
             return sinks[-1]
 
         def load() -> Any:
@@ -538,7 +539,8 @@ class ShardCache:
             self.spills += isinstance(data, Spilled)
             self._counts[key] = len(starts) - 1
         logger.debug("decompressed %s: %d bytes, %d rows", path, size, len(starts) - 1)
-        if isinstance(data, Unspilled) and not (len(frames) > 1 and not is_url(path)):
+        framed = len(frames) > 1 and not is_url(path)  # read frame by frame: needs no spill
+        if isinstance(data, Unspilled) and keep and not framed:
             logger.warning("%s", spill_error(path, fmt, data.reason))
         entry = self._entries.peek(key)
         if entry is None:

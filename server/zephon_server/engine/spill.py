@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 GIB = 1 << 30
 #: Content up to this size is decompressed into memory (the shard cache's LRU), as before.
 DEFAULT_THRESHOLD = 64 << 20
+#: :attr:`Unspilled.reason` of a content that was only counted (nothing asked to keep it).
+COUNTED_ONLY = "counted only"
 #: Default budget: this share of the spill filesystem's size, at most :data:`DEFAULT_CAP`.
 DEFAULT_SHARE = 0.10
 DEFAULT_CAP = 64 * GIB
@@ -170,10 +172,12 @@ class SpillDir:
         with contextlib.suppress(OSError):
             os.utime(path)
 
-    def sink(self, key: Key, threshold: int, expected: int) -> SpillSink:
+    def sink(self, key: Key, threshold: int, expected: int, keep: bool = True) -> SpillSink:
         """A decompression sink for ``key``: memory up to ``threshold`` bytes, then a spill
-        file (at once when the header's ``expected`` size is larger)."""
-        return SpillSink(self, key, threshold, expected)
+        file (at once when the header's ``expected`` size is larger); ``keep=False`` (only
+        counting, as ``zephon index`` does) writes no file: the content over the threshold
+        is only scanned for its line starts."""
+        return SpillSink(self, key, threshold, expected, keep)
 
     def make_room(self, nbytes: int, keep: str = "") -> None:
         """Remove least recently used spill files until ``nbytes`` more fit the budget
@@ -235,11 +239,14 @@ class SpillSink:
     dropped, the starts were still computed). Call :meth:`discard` if decompression fails.
     """
 
-    def __init__(self, spill: SpillDir, key: Key, threshold: int, expected: int) -> None:
+    def __init__(
+        self, spill: SpillDir, key: Key, threshold: int, expected: int, keep: bool = True
+    ) -> None:
         self.spill = spill
         self.key = key
         self.threshold = threshold
-        self.limit = spill.budget()
+        self.keep = keep
+        self.limit = spill.budget() if keep else 0
         self.buf = bytearray(expected if 0 <= expected <= threshold else 0)
         self.pos = 0
         self.total = 0
@@ -267,7 +274,7 @@ class SpillSink:
         self._scan(data, self.total)
         self.total += n
         if self.file is not None:
-            if self.total > self.limit:
+            if self.total > self.limit:  # more than the header said
                 self._drop(f"it decompresses to more than the spill budget of {self.limit} bytes")
             else:
                 try:
@@ -312,6 +319,11 @@ class SpillSink:
         """Move the content so far to a new temporary spill file (or drop it)."""
         content = memoryview(self.buf)[: self.pos]
         self._scan(content, 0)
+        if not self.keep:
+            content.release()
+            self.buf = bytearray()
+            self._drop(COUNTED_ONLY)
+            return
         if estimate > self.limit:
             self.buf = bytearray()
             self._drop(f"it decompresses to more than the spill budget of {self.limit} bytes")
