@@ -15,9 +15,12 @@ content counts only if:
 
 Anything else raises :class:`IncompleteShardError` naming the file, what is wrong and the fix.
 
-Memory: output goes into one buffer sized from the header (zstd's first frame content size,
-gzip's trailing ISIZE) and the per-call output is kept small, so a single-frame shard is
-never held twice; content beyond the header's word (more frames or members) is joined once.
+Memory: output goes to a *sink*. The default one is one buffer sized from the header (zstd's
+first frame content size, gzip's trailing ISIZE) and the per-call output is kept small, so a
+single-frame shard is never held twice; content beyond the header's word (more frames or
+members) is joined once. The shard cache passes :class:`~.spill.SpillSink`, which moves a
+large content to a spill file as it comes; :func:`decompress_stream` reads the compressed
+bytes from a file-like source (an object in ranged GETs), so neither side is held whole.
 """
 
 from __future__ import annotations

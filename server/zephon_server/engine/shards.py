@@ -6,7 +6,9 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
   first time the shard is counted or read; rows are then read with ``pread`` at their offsets
   and the file is never rescanned.
 * ``.jsonl.gz`` / ``.jsonl.zst``: the whole shard is decompressed once and kept, with its line
-  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted). A shard
+  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted); one whose
+  content is over ``spill_threshold`` (64 MiB, at most ``max_bytes``) is stream-decompressed
+  once into a spill file instead and read from it by offset (:mod:`.spill`). A shard
   that does not decompress completely (truncated, trailing garbage, corrupt) is a
   :class:`~.decompression.IncompleteShardError` when it is first counted, whatever the
   dataset's ``on_error``: its row count cannot be known. A zstd shard of several frames whose
@@ -187,6 +189,7 @@ class ShardCache:
         self.max_open_indexes = max_open_indexes
         self.index = index if index is not None else ShardIndex(IndexDir(None))
         self._spill = spill
+        self._derived_spill: SpillDir | None = None
         self._spill_threshold = spill_threshold
         self.spill_threshold = (
             min(DEFAULT_THRESHOLD, max_bytes) if spill_threshold is None else spill_threshold
@@ -227,9 +230,12 @@ class ShardCache:
     def spill(self) -> SpillDir:
         """Where large compressed shards are decompressed to (:mod:`.spill`): the one given,
         else the index directory's ``spill/`` (or a temporary directory)."""
-        if self._spill is None:
-            self._spill = SpillDir.for_index(self.index.store)
-        return self._spill
+        if self._spill is not None:
+            return self._spill
+        derived = self._derived_spill  # follows the index directory's budget
+        if derived is None or derived.max_bytes != self.index.store.spill_max_bytes:
+            derived = self._derived_spill = SpillDir.for_index(self.index.store)
+        return derived
 
     # ------------------------------------------------------------------ public API
 
