@@ -206,8 +206,7 @@ def test_a_large_compressed_object_is_streamed_not_held_whole(s3, tmp_path: Path
 
     noise = random.Random(5)
     lines = [  # hard to compress: the object is several 8 MiB parts
-        json.dumps({"text": f"doc {i} {noise.getrandbits(2400):x}"}).encode()
-        for i in range(60_000)
+        json.dumps({"text": f"doc {i} {noise.getrandbits(2400):x}"}).encode() for i in range(60_000)
     ]
     paths = write_formats(tmp_path / "data", lines)
     bucket = s3.bucket(f"t-{uuid.uuid4().hex[:16]}")
