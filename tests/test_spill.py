@@ -247,3 +247,21 @@ def test_building_the_index_ahead_of_time_writes_no_spill_file(tmp_path: Path) -
     reader = cache_on(tmp_path / "index", spill_threshold=1024)  # a server afterwards
     assert reader.read_rows(info(path, "jsonl.gz", len(lines)), [2999], "t") == [lines[2999]]
     assert reader.stats()["spills"] == 1
+
+
+def test_a_full_spill_disk_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    from small_fs import tmpfs
+
+    lines = rows(3000)
+    path = write_formats(tmp_path / "data", lines)["jsonl.zst"]
+    content = (tmp_path / "data" / "jsonl" / "s.jsonl").stat().st_size
+    with tmpfs(tmp_path / "small", "256k") as small:
+        spill = SpillDir(str(small / "spill"), max_bytes=100 * MIB)  # the disk fills first
+        cache = ShardCache(spill=spill, spill_threshold=64 * 1024)
+        shard = info(path, "jsonl.zst", len(lines))
+        assert content > 1 * MIB
+        assert cache.num_rows(shard.path, "jsonl.zst") == len(lines)
+        with pytest.raises(SpillError, match=r"spill directory .* is out of disk space") as err:
+            cache.read_rows(shard, [0], "t")
+        assert "raise --spill-max-bytes" in str(err.value)
+        assert not [p for p in (small / "spill").iterdir() if p.name != ".lock"]

@@ -252,6 +252,7 @@ class SpillSink:
         self.total = 0
         self.file: BinaryIO | None = None
         self.tmp = ""
+        self.committed = ""  # the spill file once renamed into place
         self.dropped = ""  # why the content is no longer kept
         self.pieces: list[np.ndarray] = []
         self.last = 10
@@ -298,6 +299,7 @@ class SpillSink:
             self.file = None
             target = self.spill.path(self.key)
             os.replace(self.tmp, target)
+            self.committed = target
         except OSError as exc:
             self._drop(_disk_problem(exc, self.spill.root))
             return Unspilled(self.total, starts, self.dropped)
@@ -306,14 +308,17 @@ class SpillSink:
         return Spilled(target, self.total, starts)
 
     def discard(self) -> None:
-        """Remove the temporary file of a decompression that failed."""
+        """Remove what a decompression that failed (or whose shard changed meanwhile)
+        wrote: its temporary file, or its spill file if already renamed into place."""
         if self.file is not None:
             with contextlib.suppress(OSError):
                 self.file.close()
             self.file = None
-        if self.tmp:
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp)
+        for path in (self.tmp, self.committed):
+            if path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        self.committed = ""
 
     def _to_file(self, estimate: int) -> None:
         """Move the content so far to a new temporary spill file (or drop it)."""
