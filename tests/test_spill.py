@@ -179,9 +179,30 @@ def test_a_shard_larger_than_the_spill_budget_is_counted_and_refused_when_read(
         b"".join(cctx.compress(content[i : i + step]) for i in range(0, len(content), step))
     )
     fshard = info(framed, "jsonl.zst", len(lines))
+    caplog.clear()
     assert cache.num_rows(fshard.path, "jsonl.zst") == len(lines)
+    assert not caplog.records  # nothing to warn about: it needs no spill
     assert cache.read_rows(fshard, [2999, 1], "t") == [lines[2999], lines[1]]
     assert cache.stats()["frame_reads"] > 0
+
+
+def test_a_multi_frame_zstd_shard_is_not_spilled_it_is_read_frame_by_frame(
+    tmp_path: Path,
+) -> None:
+    lines = rows(3000)
+    content = b"\n".join(lines) + b"\n"
+    cctx = zstandard.ZstdCompressor(level=1)
+    path = tmp_path / "framed.jsonl.zst"
+    path.write_bytes(
+        b"".join(cctx.compress(content[i : i + 40_000]) for i in range(0, len(content), 40_000))
+    )
+    cache = cache_on(tmp_path / "index", spill_threshold=64 * 1024)
+    shard = info(path, "jsonl.zst", len(lines))
+    assert cache.num_rows(shard.path, "jsonl.zst") == len(lines)
+    assert cache.read_rows(shard, [0, 2999, 1500], "t") == [lines[0], lines[2999], lines[1500]]
+    assert cache.stats()["spills"] == 0 and cache.stats()["frame_reads"] >= 3
+    assert not list((tmp_path / "index").glob("spill/*.jsonl"))
+    assert not list((tmp_path / "index").glob("spill/*.tmp"))
 
 
 @pytest.mark.parametrize("fmt", ["jsonl.gz", "jsonl.zst"])

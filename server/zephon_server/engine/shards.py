@@ -522,8 +522,10 @@ class ShardCache:
         frames: list[Frame] = []
         sinks: list[SpillSink] = []
 
+        by_frame = frames if fmt == JSONL_ZST and not is_url(path) else None
+
         def sink(expected: int) -> SpillSink:
-            sinks.append(self.spill.sink(key, self.spill_threshold, expected, keep))
+            sinks.append(self.spill.sink(key, self.spill_threshold, expected, keep, by_frame))
             return sinks[-1]
 
         def load() -> Any:

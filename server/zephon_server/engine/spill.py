@@ -55,6 +55,8 @@ GIB = 1 << 30
 DEFAULT_THRESHOLD = 64 << 20
 #: :attr:`Unspilled.reason` of a content that was only counted (nothing asked to keep it).
 COUNTED_ONLY = "counted only"
+#: :attr:`Unspilled.reason` of a local multi-frame zstd shard (read frame by frame instead).
+FRAMED = "read frame by frame (several zstd frames)"
 #: Default budget: this share of the spill filesystem's size, at most :data:`DEFAULT_CAP`.
 DEFAULT_SHARE = 0.10
 DEFAULT_CAP = 64 * GIB
@@ -172,12 +174,21 @@ class SpillDir:
         with contextlib.suppress(OSError):
             os.utime(path)
 
-    def sink(self, key: Key, threshold: int, expected: int, keep: bool = True) -> SpillSink:
+    def sink(
+        self,
+        key: Key,
+        threshold: int,
+        expected: int,
+        keep: bool = True,
+        frames: list[Any] | None = None,
+    ) -> SpillSink:
         """A decompression sink for ``key``: memory up to ``threshold`` bytes, then a spill
         file (at once when the header's ``expected`` size is larger); ``keep=False`` (only
         counting, as ``zephon index`` does) writes no file: the content over the threshold
-        is only scanned for its line starts."""
-        return SpillSink(self, key, threshold, expected, keep)
+        is only scanned for its line starts. ``frames``: the decoder's frame table of a
+        shard that can be read frame by frame; once it shows a second frame, nothing more
+        is spilled (see :data:`FRAMED`)."""
+        return SpillSink(self, key, threshold, expected, keep, frames)
 
     def make_room(self, nbytes: int, keep: str = "") -> None:
         """Remove least recently used spill files until ``nbytes`` more fit the budget
@@ -240,12 +251,19 @@ class SpillSink:
     """
 
     def __init__(
-        self, spill: SpillDir, key: Key, threshold: int, expected: int, keep: bool = True
+        self,
+        spill: SpillDir,
+        key: Key,
+        threshold: int,
+        expected: int,
+        keep: bool = True,
+        frames: list[Any] | None = None,
     ) -> None:
         self.spill = spill
         self.key = key
         self.threshold = threshold
         self.keep = keep
+        self.frames = frames
         self.limit = spill.budget() if keep else 0
         self.buf = bytearray(expected if 0 <= expected <= threshold else 0)
         self.pos = 0
@@ -274,6 +292,8 @@ class SpillSink:
             self._to_file(self.total + n)
         self._scan(data, self.total)
         self.total += n
+        if self.frames and self.file is not None:  # a frame ended and more content follows
+            self._drop(FRAMED)
         if self.file is not None:
             if self.total > self.limit:  # more than the header said
                 self._drop(f"it decompresses to more than the spill budget of {self.limit} bytes")
@@ -324,14 +344,17 @@ class SpillSink:
         """Move the content so far to a new temporary spill file (or drop it)."""
         content = memoryview(self.buf)[: self.pos]
         self._scan(content, 0)
+        reason = ""
         if not self.keep:
+            reason = COUNTED_ONLY
+        elif self.frames:
+            reason = FRAMED
+        elif estimate > self.limit:
+            reason = f"it decompresses to more than the spill budget of {self.limit} bytes"
+        if reason:
             content.release()
             self.buf = bytearray()
-            self._drop(COUNTED_ONLY)
-            return
-        if estimate > self.limit:
-            self.buf = bytearray()
-            self._drop(f"it decompresses to more than the spill budget of {self.limit} bytes")
+            self._drop(reason)
             return
         try:
             self.spill.make_room(estimate)
