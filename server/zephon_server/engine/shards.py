@@ -7,8 +7,9 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
   and the file is never rescanned.
 * ``.jsonl.gz`` / ``.jsonl.zst``: the whole shard is decompressed once and kept, with its line
   index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted); one whose
-  content is over ``spill_threshold`` (64 MiB, at most ``max_bytes``) is stream-decompressed
-  once into a spill file instead and read from it by offset (:mod:`.spill`). A shard
+  content is over ``spill_threshold`` (64 MiB; ``max_bytes`` if smaller, at least 1 MiB) is
+  stream-decompressed once into a spill file instead and read from it by offset
+  (:mod:`.spill`). A shard
   that does not decompress completely (truncated, trailing garbage, corrupt) is a
   :class:`~.decompression.IncompleteShardError` when it is first counted, whatever the
   dataset's ``on_error``: its row count cannot be known. A zstd shard of several frames whose
@@ -67,7 +68,15 @@ from .shard_versions import changed as _changed
 from .shard_versions import checked_load as _checked_load
 from .shard_versions import identity_now as _identity_now
 from .shard_versions import regular_identity as _regular_identity
-from .spill import DEFAULT_THRESHOLD, SpillDir, Spilled, SpillSink, Unspilled, spill_error
+from .spill import (
+    DEFAULT_THRESHOLD,
+    MIN_THRESHOLD,
+    SpillDir,
+    Spilled,
+    SpillSink,
+    Unspilled,
+    spill_error,
+)
 from .storage import is_url, shard_io
 from .zstd_frames import frame_rows, read_frame
 
@@ -192,7 +201,9 @@ class ShardCache:
         self._derived_spill: SpillDir | None = None
         self._spill_threshold = spill_threshold
         self.spill_threshold = (
-            min(DEFAULT_THRESHOLD, max_bytes) if spill_threshold is None else spill_threshold
+            max(MIN_THRESHOLD, min(DEFAULT_THRESHOLD, max_bytes))
+            if spill_threshold is None
+            else spill_threshold
         )
         self.spills = 0
         self.spill_hits = 0

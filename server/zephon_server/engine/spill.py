@@ -4,10 +4,11 @@ A ``.jsonl.gz`` or single-frame ``.jsonl.zst`` shard cannot be read from the mid
 come out of one decompression from the start. Holding that content in memory does not scale
 (a shard of tens of GB), and decompressing it again for every read does not either. So a
 compressed shard whose content is larger than the cache's *spill threshold* (64 MiB, or the
-shard cache's byte budget if that is smaller) is stream-decompressed once into a *spill
-file*, plain JSONL bytes, and its rows are then read at their offsets with ``pread`` like a
-plain JSONL shard's. Memory stays one decoder buffer (about a MiB) whatever the shard's size;
-the line starts (8 bytes per row) are computed as the content goes by.
+shard cache's byte budget if that is smaller, but at least 1 MiB) is stream-decompressed
+once into a *spill file*, plain JSONL bytes, and its rows are then read at their offsets
+with ``pread`` like a plain JSONL shard's. Memory stays one decoder buffer (about a MiB)
+whatever the shard's size; the line starts (8 bytes per row) are computed as the content
+goes by.
 
 **Where.** ``<index-dir>/spill/`` for a local, writable index directory (the same disk as
 the index, shared by the processes and restarts that share the index); else
@@ -53,6 +54,9 @@ logger = logging.getLogger(__name__)
 GIB = 1 << 30
 #: Content up to this size is decompressed into memory (the shard cache's LRU), as before.
 DEFAULT_THRESHOLD = 64 << 20
+#: A smaller shard cache budget lowers the threshold, but never below this: decompressing a
+#: content this small again costs less than writing and reading a file.
+MIN_THRESHOLD = 1 << 20
 #: :attr:`Unspilled.reason` of a content that was only counted (nothing asked to keep it).
 COUNTED_ONLY = "counted only"
 #: :attr:`Unspilled.reason` of a local multi-frame zstd shard (read frame by frame instead).
