@@ -39,11 +39,12 @@ def zephon(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproce
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """Every index file under ``root`` (writers' temporary files aside) and its bytes."""
+    """Every index file under ``root`` (writers' temporary files, hidden lock files and
+    spill files aside) and its bytes."""
     return {
         str(p.relative_to(root)): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.endswith(".tmp")
+        if p.is_file() and not p.name.startswith(".") and p.relative_to(root).parts[0] != "spill"
     }
 
 

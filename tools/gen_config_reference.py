@@ -64,6 +64,14 @@ TOP_LEVEL = {
     "between runs, relative to the config file; `none` keeps it in memory only. The "
     "`--index-dir` flag wins; unset: `<state-dir>/index` with `serve --state-dir`, else "
     "`$XDG_CACHE_HOME/zephon/index` (`~/.cache/zephon/index`). Never changes the data.",
+    "index_max_bytes": "Disk the index directory may take: bytes, or with a `K`/`M`/`G`/`T` "
+    "suffix (`10G`). Unset: a tenth of its filesystem, at most 32 GiB. Entries no catalog "
+    "refers to go first, then the least recently used catalogs' entries; never those of the "
+    "datasets in use. The `--index-max-bytes` flag wins. Never changes the data.",
+    "spill_max_bytes": "Disk for the decompressed content of `.jsonl.gz` / single-frame "
+    "`.jsonl.zst` shards over 64 MiB (spill files in `<index_dir>/spill`, else a temporary "
+    "directory): bytes or `50G`. Unset: a tenth of its filesystem, at most 64 GiB. Least "
+    "recently used files go first. The `--spill-max-bytes` flag wins. Never changes the data.",
 }
 
 DATASET = {

@@ -6,7 +6,13 @@ index directory (the same default as the other commands: the config's ``index_di
 ``<state-dir>/index`` with ``--state-dir``, else the per-user cache directory). A server
 started afterwards on the same directory reads no shard to start. Progress goes to stderr
 (:mod:`.progress`), one summary line to stdout. Killed and run again, it skips every entry
-already written; run on an index that is complete, it only checks it.
+already written; run on an index that is complete, it only checks it. Then it brings the
+directory within its budget (``--index-max-bytes``, :mod:`.engine.index_budget`), never
+removing what the pipeline's datasets need.
+
+``zephon index --prune`` builds nothing: it lists the datasets (their catalogs and entries
+are kept), removes every orphan entry and unusable catalog older than an hour, then least
+recently used catalogs while the directory is over budget, and prints what it removed.
 """
 
 from __future__ import annotations
@@ -14,8 +20,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .engine.errors import ZephonError
+
+if TYPE_CHECKING:
+    from .engine.index_builder import ShardJob
+    from .engine.shard_index import ShardIndex
 
 DEFAULT_PROGRESS_INTERVAL = 10.0
 
@@ -47,6 +59,13 @@ def add_index_arguments(p: argparse.ArgumentParser) -> None:
         help="shards indexed at once (threads; default: the number of CPUs, at most 8)",
     )
     p.add_argument(
+        "--prune",
+        action="store_true",
+        help="build nothing: remove index entries no catalog refers to (shards rewritten or "
+        "removed), then least recently used catalogs while the directory is over "
+        "--index-max-bytes, keeping what this pipeline's datasets need; prints what it removed",
+    )
+    p.add_argument(
         "--progress-interval",
         type=float,
         default=DEFAULT_PROGRESS_INTERVAL,
@@ -58,6 +77,7 @@ def add_index_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Build every dataset's index entries and catalog; prints one summary line."""
+    from .engine.index_budget import enforce
     from .engine.index_builder import build_index, list_jobs
     from .engine.index_dir import NONE, location_write_problem, open_index_dir
     from .engine.shard_index import ShardIndex
@@ -81,12 +101,16 @@ def cmd_index(args: argparse.Namespace) -> int:
             f"zephon index: cannot write in index directory {where} "
             f"({problem}); make it writable or pass another --index-dir"
         )
-    store = open_index_dir(where)
+    store = open_index_dir(
+        where, max_bytes=execution.index_max_bytes, spill_max_bytes=execution.spill_max_bytes
+    )
     assert store is not None
     store.sweep_temporary()
     datasets = list_jobs(pipeline.datasets, pipeline.base_dir)
     jobs = [job for listing in datasets for job in listing]
     cache = ShardCache(index=ShardIndex(store), max_open_indexes=0)
+    if args.prune:
+        return _prune(cache.index, datasets)
     bar = ProgressBar(
         "index",
         "shards",
@@ -112,4 +136,28 @@ def cmd_index(args: argparse.Namespace) -> int:
         f"{human_bytes(report.bytes_total)} ({human_bytes(report.bytes_built)} read) in "
         f"{report.seconds:.1f} s ({human_bytes(rate)}/s)"
     )
+    pruned = enforce(cache.index)
+    if pruned is not None and pruned.bytes_removed:
+        print(pruned.summary())
+    return 0
+
+
+def _prune(index: ShardIndex, datasets: Sequence[Sequence[ShardJob]]) -> int:
+    """``zephon index --prune``: the pipeline's catalogs pinned, every old orphan removed,
+    then the budget enforced; prints the report."""
+    from .engine.index_budget import prune
+    from .engine.index_catalog import catalog_name
+
+    pinned = {}
+    for jobs in datasets:
+        listing = [(j.path, j.identity, j.format) for j in jobs]
+        pinned[catalog_name(listing)] = listing
+    report = prune(index.store, pinned, all_orphans=True)
+    print(report.summary())
+    if report.over_budget:
+        print(
+            f"zephon index: the datasets in use need {report.bytes_after} bytes of index, more "
+            f"than the budget of {report.max_bytes} bytes; raise --index-max-bytes",
+            file=sys.stderr,
+        )
     return 0

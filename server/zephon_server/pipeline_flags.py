@@ -49,6 +49,23 @@ def index_dir_arg(p: argparse.ArgumentParser) -> None:
         "<state-dir>/index with --state-dir, else $XDG_CACHE_HOME/zephon/index or "
         "~/.cache/zephon/index)",
     )
+    p.add_argument(
+        "--index-max-bytes",
+        default=None,
+        metavar="BYTES",
+        help="disk the index directory may take, e.g. 10G (default: the config's "
+        "index_max_bytes, else a tenth of its filesystem, at most 32G); entries no catalog "
+        "refers to go first, then the least recently used catalogs' entries, never those of "
+        "the datasets in use",
+    )
+    p.add_argument(
+        "--spill-max-bytes",
+        default=None,
+        metavar="BYTES",
+        help="disk for the decompressed content of large .jsonl.gz/.jsonl.zst shards, e.g. "
+        "50G (default: the config's spill_max_bytes, else a tenth of its filesystem, at most "
+        "64G); least recently used spill files are removed first",
+    )
 
 
 def load_pipeline(
@@ -81,8 +98,27 @@ def load_pipeline(
         "index_dir": index_dir_from_args(args, execution.index_dir, os.environ),
         "ray_address": os.environ.get(RAY_ADDRESS_ENV) or None,
         "worker_tuning": runtime,
+        **budgets_from_args(args),
     }
     return pipeline, execution.with_overrides(**overrides)
+
+
+def budgets_from_args(args: argparse.Namespace) -> dict[str, int]:
+    """``--index-max-bytes`` and ``--spill-max-bytes`` as ExecutionConfig fields (the ones
+    given)."""
+    from .engine.errors import ConfigError
+    from .engine.execution import byte_size
+
+    out: dict[str, int] = {}
+    for name in ("index_max_bytes", "spill_max_bytes"):
+        value = getattr(args, name, None)
+        if value is not None:
+            flag = "--" + name.replace("_", "-")
+            try:
+                out[name] = byte_size(value, flag)
+            except ConfigError as exc:
+                raise ZephonError(str(exc)) from None
+    return out
 
 
 def index_dir_from_args(

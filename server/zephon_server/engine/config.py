@@ -16,6 +16,8 @@ Binding keys::
       - batch: {microbatch_size: 8}
     execution: {runner: threads, workers: 4, deterministic: true}
     index_dir: /var/cache/zephon/index   # optional; 'none' keeps the shard index in memory
+    index_max_bytes: 10G                 # optional; the index directory's disk budget
+    spill_max_bytes: 50G                 # optional; disk for decompressed large shards
 
 Relative dataset, tokenizer and index paths resolve against the config file's directory.
 """
@@ -30,7 +32,7 @@ from typing import Any
 
 from .datasets import DatasetSpec
 from .errors import ConfigError
-from .execution import ExecutionConfig
+from .execution import ExecutionConfig, byte_size
 from .ops import OPERATORS
 from .pipeline import Pipeline
 from .storage.location import is_url
@@ -44,6 +46,8 @@ TOP_LEVEL_KEYS = (
     "pipeline",
     "execution",
     "index_dir",
+    "index_max_bytes",
+    "spill_max_bytes",
 )
 DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetSpec))
 
@@ -116,7 +120,12 @@ def parse_config(
         raise ConfigError(f"execution: expected a mapping, got {type(execution_data).__name__}")
     execution = ExecutionConfig.from_mapping(execution_data)
     index_dir = _index_dir(data.get("index_dir"), base_dir)
-    return pipeline, dataclasses.replace(execution, index_dir=index_dir)
+    budgets: dict[str, Any] = {
+        name: byte_size(data[name], name)
+        for name in ("index_max_bytes", "spill_max_bytes")
+        if data.get(name) is not None
+    }
+    return pipeline, dataclasses.replace(execution, index_dir=index_dir, **budgets)
 
 
 def _index_dir(value: Any, base_dir: str) -> str | None:

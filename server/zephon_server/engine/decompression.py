@@ -15,16 +15,20 @@ content counts only if:
 
 Anything else raises :class:`IncompleteShardError` naming the file, what is wrong and the fix.
 
-Memory: output goes into one buffer sized from the header (zstd's first frame content size,
-gzip's trailing ISIZE) and the per-call output is kept small, so a single-frame shard is
-never held twice; content beyond the header's word (more frames or members) is joined once.
+Memory: output goes to a *sink*. The default one is one buffer sized from the header (zstd's
+first frame content size, gzip's trailing ISIZE) and the per-call output is kept small, so a
+single-frame shard is never held twice; content beyond the header's word (more frames or
+members) is joined once. The shard cache passes :class:`~.spill.SpillSink`, which moves a
+large content to a spill file as it comes; :func:`decompress_stream` reads the compressed
+bytes from a file-like source (an object in ranged GETs), so neither side is held whole.
 """
 
 from __future__ import annotations
 
 import os
 import zlib
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import zstandard
 
@@ -65,6 +69,18 @@ class IncompleteShardError(DataError):
         return (type(self), (self.path, self.fmt, self.problem))
 
 
+class Sink(Protocol):
+    """Where decompressed bytes go (in order); ``result()`` is what the caller gets."""
+
+    def write(self, data: bytes, /) -> None: ...
+
+    def result(self) -> Any: ...
+
+
+#: Makes the sink of one decompression from the content size the header expects (0: unknown).
+SinkFactory = Callable[[int], Sink]
+
+
 class _Sink:
     """Decompressed bytes: into one buffer of the expected size, any excess in parts."""
 
@@ -99,36 +115,64 @@ class _Sink:
 Frame = tuple[int, int, int, int]
 
 
-def decompress_shard(path: str, fmt: str, frames: list[Frame] | None = None) -> bytes | bytearray:
+def decompress_shard(
+    path: str, fmt: str, frames: list[Frame] | None = None, sink: SinkFactory | None = None
+) -> Any:
     """The complete decompressed content of a gzip or zstd shard (all frames/members).
 
     ``frames``: for zstd, a list that receives every frame that produced content (see
-    :data:`Frame`), for the shard index. Raises :class:`IncompleteShardError` when the file
-    does not decompress completely and ``OSError`` when it cannot be read.
+    :data:`Frame`), for the shard index. ``sink``: where the content goes (default: one
+    buffer in memory, returned as ``bytes``/``bytearray``; :mod:`.spill` passes a sink that
+    moves to a file past a threshold) and the result is ``sink.result()``. Raises
+    :class:`IncompleteShardError` when the file does not decompress completely and
+    ``OSError`` when it cannot be read.
     """
     with open(path, "rb") as fh:
-        return _decompress(fh, path, fmt, os.fstat(fh.fileno()).st_size, frames)
+        return _decompress(fh, path, fmt, os.fstat(fh.fileno()).st_size, frames, sink)
 
 
 def decompress_bytes(
-    data: bytes | bytearray | memoryview, name: str, fmt: str, frames: list[Frame] | None = None
-) -> bytes | bytearray:
+    data: bytes | bytearray | memoryview,
+    name: str,
+    fmt: str,
+    frames: list[Frame] | None = None,
+    sink: SinkFactory | None = None,
+) -> Any:
     """The complete decompressed content of a gzip or zstd shard held in memory (an
     object-store shard downloaded whole); errors as :func:`decompress_shard`'s, naming
     ``name`` (its URL)."""
     view = memoryview(data).cast("B")
-    return _decompress(_MemoryFile(view), name, fmt, len(view), frames)
+    return _decompress(_MemoryFile(view), name, fmt, len(view), frames, sink)
+
+
+def decompress_stream(
+    source: _Source,
+    name: str,
+    fmt: str,
+    size: int,
+    frames: list[Frame] | None = None,
+    sink: SinkFactory | None = None,
+) -> Any:
+    """:func:`decompress_shard` of a file-like ``source`` of ``size`` bytes (an object read
+    in ranged GETs as it is decoded, never held whole); errors name ``name``."""
+    return _decompress(source, name, fmt, size, frames, sink)
 
 
 def _decompress(
-    fh: _Source, path: str, fmt: str, size: int, frames: list[Frame] | None
-) -> bytes | bytearray:
+    fh: _Source,
+    path: str,
+    fmt: str,
+    size: int,
+    frames: list[Frame] | None,
+    sink: SinkFactory | None = None,
+) -> Any:
     if size == 0:
         raise IncompleteShardError(path, fmt, "truncated: the file is empty (0 bytes)")
+    make = sink if sink is not None else _Sink
     if fmt == GZIP:
-        return _gunzip(fh, path, size)
+        return _gunzip(fh, path, size, make)
     if fmt == ZSTD:
-        return _unzstd(fh, path, size, frames)
+        return _unzstd(fh, path, size, frames, make)
     raise ValueError(f"decompress_shard: format must be {GZIP!r} or {ZSTD!r}, got {fmt!r}")
 
 
@@ -162,11 +206,11 @@ def _expected(declared: int, compressed: int) -> int:
 # ---------------------------------------------------------------------------------- gzip
 
 
-def _gunzip(fh: _Source, path: str, size: int) -> bytes | bytearray:
+def _gunzip(fh: _Source, path: str, size: int, make: SinkFactory) -> Any:
     fh.seek(max(size - 4, 0))
     isize = int.from_bytes(fh.read(4), "little") if size >= 18 else 0
     fh.seek(0)
-    sink = _Sink(_expected(isize, size))
+    sink = make(_expected(isize, size))
     member, start, got = 0, 0, 0  # member number (1-based once started), its offset, output
     dec: zlib._Decompress | None = None
     offset = 0  # file offset of the first byte of ``data``
@@ -242,8 +286,8 @@ def _is_frame_start(head: bytes) -> bool:
     return _ZSTD_MAGIC.startswith(head[:4]) or skippable
 
 
-def _unzstd(fh: _Source, path: str, size: int, table: list[Frame] | None) -> bytes | bytearray:
-    sink = _Sink(_expected(_declared(fh.read(18)), size))
+def _unzstd(fh: _Source, path: str, size: int, table: list[Frame] | None, make: SinkFactory) -> Any:
+    sink = make(_expected(_declared(fh.read(18)), size))
     fh.seek(0)
     frames = _ZstdFrames(path, sink, table)
     offset = 0
@@ -260,7 +304,7 @@ class _ZstdFrames:
     Input goes to the decoder in pieces sized from the compression ratio seen so far, so one
     call yields about ``_OUT`` bytes (the decoder has no output limit of its own)."""
 
-    def __init__(self, path: str, sink: _Sink, table: list[Frame] | None = None) -> None:
+    def __init__(self, path: str, sink: Sink, table: list[Frame] | None = None) -> None:
         self.path = path
         self.sink = sink
         self.table = table  # receives each frame that produced content

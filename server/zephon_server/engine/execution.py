@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -9,7 +10,7 @@ from .errors import ConfigError
 
 RUNNERS = ("inline", "threads", "processes", "ray")
 #: Fields set by a top-level YAML key rather than under ``execution:``.
-TOP_LEVEL_FIELDS = ("index_dir",)
+TOP_LEVEL_FIELDS = ("index_dir", "index_max_bytes", "spill_max_bytes")
 #: Fields the program running the engine sets (the ``zephon`` command), never a YAML key.
 PROGRAM_FIELDS = ("worker_tuning",)
 
@@ -33,8 +34,10 @@ class ExecutionConfig:
     ``ray_address`` is the Ray cluster of the Ray runner (unset: a private local Ray; see
     :mod:`.runners.ray`; the ``zephon`` command lets ``$ZEPHON_RAY_ADDRESS`` override it).
     ``index_dir`` is where the shard index is persisted (:mod:`.index_dir`); None or
-    ``"none"`` keeps it in memory only. It is the YAML top-level key ``index_dir``, not a key
-    of ``execution:``. ``worker_tuning`` (not a YAML key) is applied in every worker process
+    ``"none"`` keeps it in memory only; ``index_max_bytes`` bounds its disk use
+    (:mod:`.index_budget`) and ``spill_max_bytes`` the spill files of large compressed shards
+    (:mod:`.spill`), None: their defaults. These three are YAML top-level keys, not keys of
+    ``execution:``. ``worker_tuning`` (not a YAML key) is applied in every worker process
     and Ray actor the runners start (None: they run untuned).
     """
 
@@ -45,6 +48,8 @@ class ExecutionConfig:
     queue_depth: int = 4
     ray_address: str | None = None
     index_dir: str | None = None
+    index_max_bytes: int | None = None
+    spill_max_bytes: int | None = None
     worker_tuning: WorkerTuning | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +75,14 @@ class ExecutionConfig:
                 "index_dir: must be a directory path or 'none' (keep the shard index in "
                 f"memory only), got {self.index_dir!r}"
             )
+        for name in ("index_max_bytes", "spill_max_bytes"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ConfigError(
+                    f"{name}: must be a number of bytes >= 0 (e.g. 10G), got {value!r}"
+                )
         if self.worker_tuning is not None and not isinstance(self.worker_tuning, WorkerTuning):
             raise ConfigError(
                 "worker_tuning: must have an apply_in_worker() method (e.g. "
@@ -102,3 +115,20 @@ class ExecutionConfig:
     def with_overrides(self, **overrides: Any) -> ExecutionConfig:
         """A copy with the non-None overrides applied (CLI flags)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def byte_size(value: Any, name: str) -> int:
+    """Bytes from an integer or a text such as ``123``, ``500M``, ``2G``, ``2GiB`` (powers of
+    1024); :class:`ConfigError` naming ``name`` otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    m = _SIZE.match(value) if isinstance(value, str) else None
+    if not m:
+        raise ConfigError(
+            f"{name} must be a number of bytes with an optional K, M, G or T suffix (powers "
+            f"of 1024), e.g. 10G; got {value!r}"
+        )
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))

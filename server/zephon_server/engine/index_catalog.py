@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .shard_index import CorruptIndexEntry, ShardIndex, seal, unseal
+from .shard_index import CorruptIndexEntry, EntryKey, ShardIndex, seal, unseal
 
 if TYPE_CHECKING:
     from .index_dir import Buffer
@@ -66,6 +66,25 @@ def decode_catalog(buf: Buffer, listing: Listing) -> list[int]:
     return rows
 
 
+def catalog_listing(buf: Buffer) -> Listing:
+    """The shard listing catalog ``buf`` was written for (without knowing it beforehand: for
+    the budget, which must know which entries a catalog refers to); raises
+    :class:`~.shard_index.CorruptIndexEntry` for a damaged catalog or another version."""
+    body = unseal(buf, CATALOG_MAGIC, "index catalog")
+    try:
+        key = json.loads(bytes(body[len(CATALOG_MAGIC) :]))["key"]
+        if key["version"] != CATALOG_VERSION:
+            raise CorruptIndexEntry(f"index catalog of version {key['version']}")
+        return [(str(loc), str(ident), str(fmt)) for loc, ident, fmt in key["shards"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptIndexEntry(f"unreadable index catalog: {exc}") from exc
+
+
+def entry_names(listing: Listing) -> list[str]:
+    """The names of the index entries of every shard of ``listing``."""
+    return [EntryKey(loc, ident, fmt).name for loc, ident, fmt in listing]
+
+
 def load_catalog(index: ShardIndex, listing: Listing) -> list[int] | None:
     """The row counts of ``listing`` from its catalog; None when there is none (or it is
     damaged: logged, and rewritten by the next :func:`save_catalog`)."""
@@ -79,6 +98,8 @@ def load_catalog(index: ShardIndex, listing: Listing) -> list[int] | None:
         index.discard(name, str(exc))
         return None
     index.bump("catalog_hits")
+    index.pin_catalog(name, listing)
+    index.store.touch(name)  # recency for the budget's least-recently-used order
     return rows
 
 
@@ -87,8 +108,10 @@ def save_catalog(index: ShardIndex, listing: Listing, rows: Sequence[int]) -> No
     only duplicate the counts the cache keeps)."""
     if not index.store.persistent:
         return
-    index.store.put_atomic(catalog_name(listing), encode_catalog(listing, rows))
+    name = catalog_name(listing)
+    index.store.put_atomic(name, encode_catalog(listing, rows))
     index.bump("catalog_writes")
+    index.pin_catalog(name, listing)
 
 
 def count_shards(cache: ShardCache, listing: Listing) -> tuple[list[int], bool]:

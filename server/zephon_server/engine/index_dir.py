@@ -18,6 +18,10 @@ directory (an object-store prefix) means changing this one class.
   (retries, metrics, the standard AWS configuration: :mod:`.storage`).
 * A directory that cannot be written (permissions, a read-only mount, a full disk) is a
   warning, never a crash: entries already in it are still read, new ones are kept in memory.
+* Its disk use has a byte budget (``max_bytes``, ``--index-max-bytes``), enforced by
+  :mod:`.index_budget` through :meth:`IndexDir.blobs` and :meth:`IndexDir.delete`; the
+  ``spill/`` subdirectory of a local index holds decompressed compressed shards
+  (:mod:`.spill`) under its own budget (``spill_max_bytes``) and is not a blob.
 
 The index is a cache of what the shards say: nothing in it is ever trusted without its
 checksum and key (:mod:`.shard_index`), and losing it only costs the time to rebuild.
@@ -32,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,10 @@ logger = logging.getLogger(__name__)
 NONE = "none"
 #: A temporary file older than this is a writer's leftover (killed mid-write).
 STALE_TMP_SECONDS = 3600.0
+#: The subdirectory of a local index directory that holds spill files (not index blobs).
+SPILL_SUBDIR = "spill"
+#: Top-level names of a local index directory that hold index blobs.
+BLOB_DIRS = ("entries", "catalogs")
 
 Buffer = memoryview | mmap.mmap
 
@@ -53,26 +61,58 @@ def user_index_dir(environ: Mapping[str, str]) -> str:
     return os.path.join(base, "zephon", "index")
 
 
+class Blob(NamedTuple):
+    """One stored blob as a listing sees it: its name, size in bytes and last write (or
+    touch) time in seconds."""
+
+    name: str
+    size: int
+    mtime: float
+
+
 class IndexDir:
     """Reads and writes named blobs of the shard index: a local directory, or memory only.
 
     ``root`` None keeps everything in memory. ``writable=False`` (a directory that could not
-    be written) still reads the directory but keeps new blobs in memory. Pickling keeps the
-    root and the writability (a worker process reads the same directory), not the memory.
+    be written) still reads the directory but keeps new blobs in memory. ``max_bytes`` and
+    ``spill_max_bytes`` are the byte budgets of the index and of its spill files (None: the
+    defaults of :mod:`.index_budget` and :mod:`.spill`). Pickling keeps the root, the
+    writability and the budgets (a worker process reads the same directory), not the memory.
     """
 
-    def __init__(self, root: str | None, *, writable: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | None,
+        *,
+        writable: bool = True,
+        max_bytes: int | None = None,
+        spill_max_bytes: int | None = None,
+    ) -> None:
         self.root = os.path.abspath(root) if root is not None else None
         self.writable = writable and root is not None
+        self.max_bytes = _budget(max_bytes, "index_max_bytes")
+        self.spill_max_bytes = _budget(spill_max_bytes, "spill_max_bytes")
         self._memory: dict[str, bytes] = {}
         self._made: set[str] = set()  # directories known to exist (created once)
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (self.__class__, (self.root,), {"writable": self.writable})
+        state = {
+            "writable": self.writable,
+            "max_bytes": self.max_bytes,
+            "spill_max_bytes": self.spill_max_bytes,
+        }
+        return (self.__class__, (self.root,), state)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.writable = bool(state["writable"]) and self.root is not None
+        self.max_bytes = state.get("max_bytes")
+        self.spill_max_bytes = state.get("spill_max_bytes")
+
+    @property
+    def local(self) -> bool:
+        """Whether the blobs are files of a local directory."""
+        return self.root is not None
 
     @property
     def persistent(self) -> bool:
@@ -144,6 +184,48 @@ class IndexDir:
         with self._lock:
             self._memory.clear()
 
+    def blobs(self) -> list[Blob]:
+        """Every blob stored in the directory (entries, catalogs and writers' temporary
+        files; not the spill files), for the budget (:mod:`.index_budget`)."""
+        if self.root is None:
+            return []
+        out: list[Blob] = []
+        for top in BLOB_DIRS:
+            for parent, _, names in os.walk(os.path.join(self.root, top)):
+                rel = os.path.relpath(parent, self.root)
+                for n in names:
+                    try:
+                        st = os.stat(os.path.join(parent, n))
+                    except OSError:
+                        continue  # removed meanwhile
+                    used = st.st_blocks * 512  # disk use, not length
+                    out.append(Blob(f"{rel}/{n}".replace(os.sep, "/"), used, st.st_mtime))
+        return out
+
+    def delete(self, name: str) -> bool:
+        """Remove blob ``name``; whether it was there. A process that has the file mapped
+        keeps reading it (Linux frees it with the last mapping); one that opens it later
+        finds none and rebuilds it."""
+        with self._lock:
+            self._memory.pop(name, None)
+        if self.root is None or not self.writable:
+            return False
+        try:
+            os.unlink(os.path.join(self.root, name))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def touch(self, name: str) -> None:
+        """Mark blob ``name`` as used now (its modification time), so the budget evicts it
+        after the blobs used less recently; a failure only costs recency."""
+        if self.root is None or not self.writable:
+            return
+        try:
+            os.utime(os.path.join(self.root, name))
+        except OSError:
+            pass
+
     def sweep_temporary(self, older_than: float = STALE_TMP_SECONDS) -> int:
         """Remove writers' leftover temporary files older than ``older_than`` seconds (a
         writer killed between write and rename); returns how many were removed."""
@@ -206,13 +288,30 @@ class IndexDir:
         )
 
 
+def _budget(value: int | None, name: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be a number of bytes >= 0, got {value!r}")
+    return value
+
+
 class ObjectIndexDir(IndexDir):
     """An :class:`IndexDir` whose blobs are objects below an object-store prefix."""
 
-    def __init__(self, root: str | None, *, writable: bool = True) -> None:
-        super().__init__(None, writable=False)
+    def __init__(
+        self,
+        root: str | None,
+        *,
+        writable: bool = True,
+        max_bytes: int | None = None,
+        spill_max_bytes: int | None = None,
+    ) -> None:
+        super().__init__(None, writable=False, max_bytes=max_bytes, spill_max_bytes=spill_max_bytes)
         self.root = (root or "").rstrip("/")
         self.writable = writable
+
+    @property
+    def local(self) -> bool:
+        return False
 
     def _store(self) -> tuple[Any, str]:
         from .storage.store import shard_store
@@ -264,6 +363,27 @@ class ObjectIndexDir(IndexDir):
     def sweep_temporary(self, older_than: float = STALE_TMP_SECONDS) -> int:
         return 0  # a PUT leaves no temporary object behind
 
+    def blobs(self) -> list[Blob]:
+        store, prefix = self._store()
+        out: list[Blob] = []
+        for info in store.list(prefix):
+            name = info.key[len(prefix) :]
+            if name.split("/", 1)[0] in BLOB_DIRS:
+                out.append(Blob(name, info.size, info.mtime_ns / 1e9))
+        return out
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            self._memory.pop(name, None)
+        if not self.writable:
+            return False
+        store, prefix = self._store()
+        store.delete(prefix + name)
+        return True
+
+    def touch(self, name: str) -> None:
+        pass  # an object's time is its last PUT: recency on a store is the last write
+
 
 def _object_write_problem(root: str) -> str | None:
     """Why no object can be written below ``root`` (None: a probe object was written and
@@ -285,9 +405,12 @@ _opened: dict[str, IndexDir] = {}
 _opened_lock = threading.Lock()
 
 
-def open_index_dir(location: str | None) -> IndexDir | None:
+def open_index_dir(
+    location: str | None, *, max_bytes: int | None = None, spill_max_bytes: int | None = None
+) -> IndexDir | None:
     """The process's :class:`IndexDir` for ``location`` (one per directory, so a problem is
-    logged once); None for ``None`` or ``"none"`` (memory only, the caller's own cache).
+    logged once), with these budgets (None: the defaults); None for ``None`` or ``"none"``
+    (memory only, the caller's own cache).
 
     The directory is created if needed and checked by writing a probe file; a directory
     that cannot be written is a warning (entries in it are still read, new ones stay in
@@ -308,6 +431,8 @@ def open_index_dir(location: str | None) -> IndexDir | None:
                 found._stop_writing(problem)
             else:
                 logger.info("shard index directory %s", root)
+        found.max_bytes = _budget(max_bytes, "index_max_bytes")
+        found.spill_max_bytes = _budget(spill_max_bytes, "spill_max_bytes")
         return found
 
 

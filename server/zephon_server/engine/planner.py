@@ -22,6 +22,7 @@ from typing import Any
 from .datasets import DatasetInfo, resolve_datasets
 from .errors import ConfigError
 from .execution import ExecutionConfig
+from .index_budget import enforce
 from .index_dir import IndexDir, open_index_dir
 from .ops import Batch, DecodeText, Fetch, OpContext, Operator, RenderChat, Tokenize
 from .ops.replay import ReplayFilter
@@ -153,10 +154,16 @@ def _check_chat_chain(ops: list[Operator]) -> None:
 def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     """Resolve datasets, check the chain, group into stages and steps."""
     ops = _check_chain(list(pipeline.ops))
-    index = open_index_dir(execution.index_dir)
-    datasets = resolve_datasets(
-        pipeline.datasets, base_dir=pipeline.base_dir, cache=cache_for(index)
+    index = open_index_dir(
+        execution.index_dir,
+        max_bytes=execution.index_max_bytes,
+        spill_max_bytes=execution.spill_max_bytes,
     )
+    cache = cache_for(index)
+    writes = cache.index.writes + cache.index.catalog_writes
+    datasets = resolve_datasets(pipeline.datasets, base_dir=pipeline.base_dir, cache=cache)
+    if cache.index.writes + cache.index.catalog_writes != writes:
+        enforce(cache.index)  # only a start that wrote can have grown the directory
     tokenizers = [op for op in ops if isinstance(op, TOKENIZING)]
     pad_id = tokenizers[-1].tokenizer.pad_id if tokenizers else 0
     plan = Plan(

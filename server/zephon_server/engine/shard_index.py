@@ -183,6 +183,7 @@ class ShardIndex:
         self.corrupt = 0
         self.catalog_hits = 0
         self.catalog_writes = 0
+        self._pinned_catalogs: dict[str, Any] = {}  # catalog name -> its listing
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -215,6 +216,17 @@ class ShardIndex:
             self.writes += 1
         buf = self.store.open_mapped(key.name)
         return decode_entry(buf if buf is not None else memoryview(data), key)
+
+    def pin_catalog(self, name: str, listing: Any) -> None:
+        """Record that this process uses catalog ``name`` (of ``listing``): the budget never
+        removes it nor the entries of its shards (:mod:`.index_budget`)."""
+        with self._lock:
+            self._pinned_catalogs[name] = listing
+
+    def pinned(self) -> dict[str, Any]:
+        """The catalogs (name -> listing) this process has used (read or written)."""
+        with self._lock:
+            return dict(self._pinned_catalogs)
 
     def bump(self, counter: str) -> None:
         """Add one to the counter named ``counter`` (e.g. ``catalog_hits``)."""

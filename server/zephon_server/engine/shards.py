@@ -6,7 +6,10 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
   first time the shard is counted or read; rows are then read with ``pread`` at their offsets
   and the file is never rescanned.
 * ``.jsonl.gz`` / ``.jsonl.zst``: the whole shard is decompressed once and kept, with its line
-  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted). A shard
+  index, in an LRU bounded by ``max_bytes`` (least recently used shards are evicted); one whose
+  content is over ``spill_threshold`` (64 MiB; ``max_bytes`` if smaller, at least 1 MiB) is
+  stream-decompressed once into a spill file instead and read from it by offset
+  (:mod:`.spill`). A shard
   that does not decompress completely (truncated, trailing garbage, corrupt) is a
   :class:`~.decompression.IncompleteShardError` when it is first counted, whatever the
   dataset's ``on_error``: its row count cannot be known. A zstd shard of several frames whose
@@ -42,10 +45,8 @@ ETag, checked by a HEAD before and after every load).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import stat as stat_module
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -54,13 +55,28 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .decompression import Frame, decompress_bytes, decompress_shard
-from .errors import DataError, ShardChanged
-from .identity import describe_change, stat_identity
+from .decompression import Frame, SinkFactory, decompress_bytes, decompress_shard, decompress_stream
+from .errors import DataError
 from .index_dir import IndexDir
 from .line_index import index_lines, line_starts
 from .open_indexes import OpenIndexes
+from .parquet_columns import check_field as _check_field
+from .parquet_columns import value_sizes as _value_sizes
+from .row_runs import pread_rows
 from .shard_index import IndexEntry, ShardIndex
+from .shard_versions import changed as _changed
+from .shard_versions import checked_load as _checked_load
+from .shard_versions import identity_now as _identity_now
+from .shard_versions import regular_identity as _regular_identity
+from .spill import (
+    DEFAULT_THRESHOLD,
+    MIN_THRESHOLD,
+    SpillDir,
+    Spilled,
+    SpillSink,
+    Unspilled,
+    spill_error,
+)
 from .storage import is_url, shard_io
 from .zstd_frames import frame_rows, read_frame
 
@@ -85,8 +101,6 @@ DEFAULT_MAX_BYTES = 1 << 30
 #: Line indexes (and other index entries) kept open at once, per cache.
 DEFAULT_MAX_OPEN_INDEXES = 64
 
-_COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
-_MAX_RUN = 1 << 23  # never read more than this in one pread unless a single row is larger
 _LOCK_STRIPES = 64
 _PY_OBJECT_OVERHEAD = 56  # rough size of a small Python str beyond its characters
 
@@ -120,12 +134,23 @@ def _decompress(path: str, fmt: str, frames: list[Frame] | None = None) -> bytes
 
 
 def _decompress_version(
-    path: str, fmt: str, identity: str, frames: list[Frame] | None = None
-) -> bytes | bytearray:
-    """:func:`_decompress` of a local file, or of an object downloaded whole."""
-    if is_url(path):
-        return decompress_bytes(shard_io.read_all(path, identity), path, fmt, frames)
-    return _decompress(path, fmt, frames)
+    path: str,
+    fmt: str,
+    identity: str,
+    frames: list[Frame] | None = None,
+    sink: SinkFactory | None = None,
+    stream_over: int | None = None,
+) -> Any:
+    """The content of a local compressed shard, or of an object: downloaded whole when it is
+    at most ``stream_over`` bytes, else decoded as its ranged GETs arrive (never held
+    whole). ``sink`` as :func:`~.decompression.decompress_shard`'s."""
+    if not is_url(path):
+        return decompress_shard(path, fmt, frames, sink)
+    size = shard_io.size_of(identity)
+    if stream_over is not None and size > stream_over:
+        source = shard_io.stream(path, identity)
+        return decompress_stream(source, path, fmt, size, frames, sink)
+    return decompress_bytes(shard_io.read_all(path, identity), path, fmt, frames, sink)
 
 
 def _index_version(path: str, identity: str) -> np.ndarray:
@@ -161,6 +186,8 @@ class ShardCache:
         max_bytes: int = DEFAULT_MAX_BYTES,
         index: ShardIndex | None = None,
         max_open_indexes: int = DEFAULT_MAX_OPEN_INDEXES,
+        spill: SpillDir | None = None,
+        spill_threshold: int | None = None,
     ) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"ShardCache max_bytes must be an int >= 0, got {max_bytes!r}")
@@ -170,6 +197,16 @@ class ShardCache:
         self.max_bytes = max_bytes
         self.max_open_indexes = max_open_indexes
         self.index = index if index is not None else ShardIndex(IndexDir(None))
+        self._spill = spill
+        self._derived_spill: SpillDir | None = None
+        self._spill_threshold = spill_threshold
+        self.spill_threshold = (
+            max(MIN_THRESHOLD, min(DEFAULT_THRESHOLD, max_bytes))
+            if spill_threshold is None
+            else spill_threshold
+        )
+        self.spills = 0
+        self.spill_hits = 0
         self.bytes_cached = 0
         self.hits = 0
         self.misses = 0
@@ -191,8 +228,25 @@ class ShardCache:
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             self.__class__,
-            (self.max_bytes, ShardIndex(self.index.store), self.max_open_indexes),
+            (
+                self.max_bytes,
+                ShardIndex(self.index.store),
+                self.max_open_indexes,
+                self._spill,
+                self._spill_threshold,
+            ),
         )
+
+    @property
+    def spill(self) -> SpillDir:
+        """Where large compressed shards are decompressed to (:mod:`.spill`): the one given,
+        else the index directory's ``spill/`` (or a temporary directory)."""
+        if self._spill is not None:
+            return self._spill
+        derived = self._derived_spill  # follows the index directory's budget
+        if derived is None or derived.max_bytes != self.index.store.spill_max_bytes:
+            derived = self._derived_spill = SpillDir.for_index(self.index.store)
+        return derived
 
     # ------------------------------------------------------------------ public API
 
@@ -224,7 +278,7 @@ class ShardCache:
             return entry.rows, False
         if fmt in (JSONL_GZ, JSONL_ZST):
             saved: list[IndexEntry] = []
-            self._decompress_and_index((shard_path, fmt, identity), saved)
+            self._decompress_and_index((shard_path, fmt, identity), saved, keep=False)
             return saved[0].rows, True
         if fmt not in FORMATS:
             raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
@@ -264,6 +318,8 @@ class ShardCache:
                 return framed
             data, starts = self._compressed(shard.path, shard.format, shard.identity)
             _check_rows(shard.path, idx, len(starts) - 1)
+            if isinstance(data, (Spilled, Unspilled)):
+                return self._read_spilled(shard, idx, max_document_bytes)
             lo = starts[idx].tolist()
             hi = (starts[idx + 1] - 1).tolist()
             limit = max_document_bytes
@@ -293,6 +349,8 @@ class ShardCache:
                 "footer_reads": self.footer_reads,
                 "row_group_reads": self.row_group_reads,
                 "bytes_cached": self.bytes_cached,
+                "spills": self.spills,
+                "spill_hits": self.spill_hits,
                 "entries": len(self._lru),
                 "line_indexes": len(self._entries),
                 **self.index.stats(),
@@ -314,10 +372,17 @@ class ShardCache:
     def _stripe(self, key: Hashable) -> threading.Lock:
         return self._stripes[hash(key) % _LOCK_STRIPES]
 
-    def _lru_peek(self, key: Hashable) -> bool:
-        """Whether ``key`` is in the LRU (its recency unchanged)."""
+    def _lru_look(self, key: Hashable) -> Any:
+        """The value of ``key`` in the LRU, or None (its recency unchanged)."""
         with self._lock:
-            return key in self._lru
+            item = self._lru.get(key)
+            return None if item is None else item[0]
+
+    def _lru_drop(self, key: Hashable) -> None:
+        with self._lock:
+            old = self._lru.pop(key, None)
+            if old is not None:
+                self.bytes_cached -= old[1]
 
     def _lru_get(self, key: Hashable) -> Any:
         with self._lock:
@@ -411,18 +476,7 @@ class ShardCache:
             found = _regular_identity(path, os.fstat(fd))  # one fstat per read call
             if found != shard.identity:
                 raise _changed(path, shard.identity, found)
-            run: list[int] = []
-            run_lo = run_hi = 0
-            for i in order:
-                a, b = lo_l[i], hi_l[i]
-                if run and (a - run_hi > _COALESCE_GAP or max(b, run_hi) - run_lo > _MAX_RUN):
-                    self._pread_run(fd, path, run, run_lo, run_hi, lo_l, hi_l, out)
-                    run = []
-                if not run:
-                    run_lo, run_hi = a, b
-                run.append(i)
-                run_hi = max(run_hi, b)
-            self._pread_run(fd, path, run, run_lo, run_hi, lo_l, hi_l, out)
+            pread_rows(fd, path, order, lo_l, hi_l, out)
         except OSError as exc:
             raise DataError(f"cannot read shard {path}: {exc}") from exc
         finally:
@@ -442,26 +496,6 @@ class ShardCache:
             out[i] = Oversized(int(sizes[i]))
         return order[~over[order]]
 
-    @staticmethod
-    def _pread_run(
-        fd: int,
-        path: str,
-        run: list[int],
-        run_lo: int,
-        run_hi: int,
-        lo: list[int],
-        hi: list[int],
-        out: list[Row],
-    ) -> None:
-        buf = os.pread(fd, run_hi - run_lo, run_lo) if run_hi > run_lo else b""
-        if len(buf) < run_hi - run_lo:
-            raise DataError(
-                f"shard {path} is shorter than when it was indexed (file changed while in use; "
-                "restart the server after modifying data)"
-            )
-        for i in run:
-            out[i] = buf[lo[i] - run_lo : hi[i] - run_lo]
-
     def _cached(self, key: Hashable, load: Callable[[], tuple[Any, int]]) -> Any:
         """``key`` from the LRU, or ``load()`` -> (value, nbytes) once under the key's lock."""
         hit = self._lru_get(key)
@@ -477,7 +511,7 @@ class ShardCache:
 
     def _compressed(
         self, path: str, fmt: str, identity: str, saved: list[IndexEntry] | None = None
-    ) -> tuple[bytes | bytearray, np.ndarray]:
+    ) -> tuple[Any, np.ndarray]:
         """The whole content of a compressed shard and its line starts (LRU). Decompressing
         it also saves its index entry when the index has none (appended to ``saved``)."""
         key = (path, fmt, identity)
@@ -485,22 +519,48 @@ class ShardCache:
         return value  # type: ignore[no-any-return]
 
     def _decompress_and_index(
-        self, key: tuple[str, str, str], saved: list[IndexEntry] | None
-    ) -> tuple[tuple[bytes | bytearray, np.ndarray], int]:
+        self, key: tuple[str, str, str], saved: list[IndexEntry] | None, keep: bool = True
+    ) -> tuple[tuple[Any, np.ndarray], int]:
         """Decompress (verified) a compressed shard: ((content, line starts), nbytes); saves
-        its index entry (with the zstd frame table) when the index has none."""
+        its index entry (with the zstd frame table) when the index has none. A content over
+        the spill threshold is a :class:`~.spill.Spilled` file (reused when one is there
+        already) or, when it cannot be kept (or ``keep`` is False: counting only),
+        :class:`~.spill.Unspilled`."""
+        reused = self._from_spill(key, saved) if keep else None
+        if reused is not None:
+            return reused
         path, fmt, identity = key
         frames: list[Frame] = []
-        data = _checked_load(
-            path, identity, lambda: _decompress_version(path, fmt, identity, frames)
-        )
-        starts = line_starts(data)
+        sinks: list[SpillSink] = []
+
+        by_frame = frames if fmt == JSONL_ZST and not is_url(path) else None
+
+        def sink(expected: int) -> SpillSink:
+            sinks.append(self.spill.sink(key, self.spill_threshold, expected, keep, by_frame))
+            return sinks[-1]
+
+        def load() -> Any:
+            return _decompress_version(path, fmt, identity, frames, sink, self.spill_threshold)
+
+        try:
+            data = _checked_load(path, identity, load)
+        except BaseException:
+            for each in sinks:
+                each.discard()
+            raise
+        spilled = isinstance(data, (Spilled, Unspilled))
+        starts = data.starts if spilled else line_starts(data)
+        size = data.size if spilled else len(data)
         with self._lock:
             self.misses += 1
             self.decompressions += 1
             self.index_builds += 1
+            self.spills += isinstance(data, Spilled)
             self._counts[key] = len(starts) - 1
-        logger.debug("decompressed %s: %d bytes, %d rows", path, len(data), len(starts) - 1)
+        logger.debug("decompressed %s: %d bytes, %d rows", path, size, len(starts) - 1)
+        framed = len(frames) > 1 and not is_url(path)  # read frame by frame: needs no spill
+        if isinstance(data, Unspilled) and keep and not framed:
+            logger.warning("%s", spill_error(path, fmt, data.reason))
         entry = self._entries.peek(key)
         if entry is None:
             arrays = {"starts": starts}
@@ -509,7 +569,67 @@ class ShardCache:
             entry = self.index.save(path, fmt, identity, len(starts) - 1, arrays)
         if saved is not None:
             saved.append(entry)
-        return (data, starts), len(data) + starts.nbytes
+        return (data, starts), (0 if spilled else size) + starts.nbytes
+
+    def _from_spill(
+        self, key: tuple[str, str, str], saved: list[IndexEntry] | None
+    ) -> tuple[tuple[Any, np.ndarray], int] | None:
+        """The spill file of ``key`` with the starts of its index entry, if both are there
+        (and the shard still has the identity); None otherwise."""
+        entry = self._entries.peek(key)
+        if entry is None or int(entry.arrays["starts"][-1]) <= self.spill_threshold:
+            return None
+        path, _, identity = key
+        starts = entry.arrays["starts"]
+        found = _checked_load(path, identity, lambda: self.spill.find(key, int(starts[-1])))
+        if found is None:
+            return None
+        with self._lock:
+            self.spill_hits += 1
+            self._counts[key] = len(starts) - 1
+        if saved is not None:
+            saved.append(entry)
+        return (Spilled(found.path, found.size, starts), starts), starts.nbytes
+
+    def _read_spilled(self, shard: ShardInfo, idx: np.ndarray, limit: int | None) -> list[Row]:
+        """Rows of a compressed shard from its spill file (spilled again once if another
+        process removed the file meanwhile); :class:`~.spill.SpillError` when its content
+        could not be spilled."""
+        key = (shard.path, shard.format, shard.identity)
+        for attempt in (0, 1):
+            data, starts = self._compressed(*key)
+            if isinstance(data, Unspilled):
+                raise spill_error(shard.path, shard.format, data.reason)
+            try:
+                fd = os.open(data.path, os.O_RDONLY)
+            except FileNotFoundError:
+                self._lru_drop(key)  # removed for room: spill it again
+                if attempt:
+                    raise
+                continue
+            try:
+                self.spill.used(data.path)
+                return self._rows_at(fd, data.path, starts, idx, limit)
+            except OSError as exc:
+                problem = f"cannot read spill file {data.path} of {shard.path}: {exc}"
+                raise DataError(problem) from exc
+            finally:
+                os.close(fd)
+        raise AssertionError("unreachable")
+
+    def _rows_at(
+        self, fd: int, path: str, starts: np.ndarray, idx: np.ndarray, limit: int | None
+    ) -> list[Row]:
+        """Rows ``idx`` of the JSONL content in ``fd`` with line ``starts``."""
+        out: list[Row] = [None] * len(idx)
+        lo = starts[idx]
+        hi = starts[idx + 1] - 1
+        order = np.argsort(lo, kind="stable")
+        if limit is not None:
+            order = self._mark_oversized(hi - lo, limit, order, out)
+        if len(order):
+            pread_rows(fd, path, order.tolist(), lo.tolist(), hi.tolist(), out)
+        return out
 
     def _compressed_entry(self, path: str, fmt: str, identity: str) -> IndexEntry:
         """Decompress (verified) and index a compressed shard; the content stays in the LRU."""
@@ -526,7 +646,9 @@ class ShardCache:
         """Rows of a multi-frame zstd shard, read frame by frame; None to read it whole (it
         is decompressed in the LRU already, has one frame, or is not indexed yet)."""
         key = (shard.path, shard.format, shard.identity)
-        if shard.format != JSONL_ZST or is_url(shard.path) or self._lru_peek(key):
+        cached = self._lru_look(key)
+        in_memory = cached is not None and not isinstance(cached[0], (Spilled, Unspilled))
+        if shard.format != JSONL_ZST or is_url(shard.path) or in_memory:
             return None  # an object is downloaded whole (one verified pass, few requests)
         entry = self._entries.peek(key)
         frames = entry.arrays.get("frames") if entry is not None else None
@@ -632,103 +754,6 @@ class ShardCache:
 
         key = (path, PARQUET, text_field, rg, identity)
         return self._cached(key, load)  # type: ignore[no-any-return]
-
-
-def _value_sizes(column: Any, values: list[Any]) -> np.ndarray:
-    """Bytes of each value of a string/binary column (UTF-8 length for text, 0 for nulls)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    try:
-        return np.asarray(pc.binary_length(column).fill_null(0).to_numpy(), dtype=np.int64)
-    except pa.ArrowNotImplementedError:  # e.g. string_view columns
-        return np.array(
-            [0 if v is None else len(v.encode() if isinstance(v, str) else v) for v in values],
-            dtype=np.int64,
-        )
-
-
-def _identity_now(path: str) -> str:
-    """The identity of ``path`` as it is now (:class:`DataError` when it cannot be stat'ed)."""
-    if is_url(path):
-        return shard_io.identity_now(path)
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise DataError(f"cannot read shard {path}: {exc}") from exc
-    return _regular_identity(path, st)
-
-
-def _regular_identity(path: str, st: os.stat_result) -> str:
-    """The identity of a regular file; anything else in a shard's place is unreadable (a
-    plain :class:`DataError`, which ``on_error: skip`` may skip), not a changed file."""
-    if stat_module.S_ISDIR(st.st_mode):
-        raise DataError(
-            f"cannot read shard {path}: {IsADirectoryError(errno.EISDIR, 'Is a directory')}"
-        )
-    if not stat_module.S_ISREG(st.st_mode):
-        raise DataError(f"cannot read shard {path}: not a regular file")
-    return stat_identity(st)
-
-
-def _checked_load(path: str, identity: str, load: Callable[[], _T]) -> _T:
-    """``load()`` of version ``identity`` of ``path``: the file must have that identity before
-    and still after (a change in between is caught by the second ``stat``)."""
-    before = _identity_now(path)
-    if before != identity:
-        raise _changed(path, identity, before)
-    try:
-        value = load()
-    except OSError as exc:
-        raise DataError(f"cannot read shard {path}: {exc}") from exc
-    except DataError as exc:
-        if is_url(path) and not isinstance(exc, ShardChanged):  # a failed read: rewritten?
-            now = _identity_now(path)
-            if now != identity:
-                raise _changed(path, identity, now) from exc
-        raise
-    after = _identity_now(path)
-    if after != before:
-        raise ShardChanged(
-            f"shard {path} changed while it was being read ({describe_change(before, after)}); "
-            "is a writer still writing it? Data files must not change while a server uses "
-            "them: wait until the file is complete, then restart"
-        )
-    return value
-
-
-def _changed(path: str, expected: str, found: str) -> ShardChanged:
-    """The error for a shard read (or counted) as ``expected`` that is now ``found``."""
-    return ShardChanged(
-        f"shard {path} changed after it was indexed ({describe_change(expected, found)}); "
-        "its rows are never read through the index of another version. Data files must not "
-        "change while a server uses them: restore the original file, or restart the server to "
-        "use the new content (a resume onto the changed data is refused: start a new run)"
-    )
-
-
-def _check_field(path: str, schema: Any, text_field: str) -> None:
-    import pyarrow as pa
-
-    names = list(schema.names)
-    if text_field not in names:
-        raise DataError(
-            f"Parquet shard {path} has no column {text_field!r}; columns are {names} "
-            "(set the dataset's text_field to one of them)"
-        )
-    typ = schema.field(text_field).type
-    is_view = getattr(pa.types, "is_string_view", None)
-    if not (
-        pa.types.is_string(typ)
-        or pa.types.is_large_string(typ)
-        or pa.types.is_binary(typ)
-        or pa.types.is_large_binary(typ)
-        or (is_view is not None and is_view(typ))
-    ):
-        raise DataError(
-            f"Parquet shard {path}: column {text_field!r} has type {typ}, expected a string "
-            "or binary column (set text_field to a text column)"
-        )
 
 
 _default_cache: ShardCache | None = None

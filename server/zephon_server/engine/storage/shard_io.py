@@ -8,7 +8,9 @@ so it is retried, bounded and counted. What each read costs:
 * identity: one HEAD (size, ETag, version);
 * a plain JSONL line index: the object streamed in ranged GETs of :data:`~.remote.PART_BYTES`;
 * a compressed shard: downloaded whole in parallel ranged GETs, then decompressed and verified
-  from memory (:func:`~..decompression.decompress_bytes`);
+  from memory (:func:`~..decompression.decompress_bytes`); one larger than the shard cache's
+  spill threshold is decoded as it arrives instead, in sequential ranged GETs of
+  :data:`~.remote.PART_BYTES` (:func:`stream`: one window in memory, never the object);
 * Parquet: a file object over ranged reads (:class:`ObjectFile`): every read is at least
   :data:`MIN_READ` bytes (the footer is read with the 1 MiB before it, a column chunk with
   what follows it), so the footer and each row group's column take one or a few GETs;
@@ -90,6 +92,14 @@ def read_all(url: str, identity: str) -> bytearray:
     return data if isinstance(data, bytearray) else bytearray(data)
 
 
+def stream(url: str, identity: str) -> ObjectFile:
+    """A file object over the object that reads it in ranged GETs of
+    :data:`~.remote.PART_BYTES` (one window in memory), for decoding a large compressed
+    object as it arrives instead of holding it whole."""
+    store, key = shard_store(url)
+    return ObjectFile(store, key, size_of(identity), window=PART_BYTES)
+
+
 def parquet_file(url: str, identity: str) -> ObjectFile:
     """A file object over the object, for ``pyarrow.parquet.ParquetFile``."""
     store, key = shard_store(url)
@@ -165,12 +175,13 @@ def _assemble(blocks: dict[int, bytes], a: int, e: int) -> bytes:
 
 
 class ObjectFile(io.RawIOBase):
-    """A read-only, seekable file over an object: every read fetches at least
-    :data:`MIN_READ` bytes around it (one ranged GET) and serves later reads in that window
-    from memory."""
+    """A read-only, seekable file over an object: every read fetches at least ``window``
+    (default :data:`MIN_READ`) bytes around it (one ranged GET) and serves later reads in
+    that window from memory."""
 
-    def __init__(self, store: Any, key: str, size: int) -> None:
+    def __init__(self, store: Any, key: str, size: int, window: int = MIN_READ) -> None:
         super().__init__()
+        self._min = window
         self._store = store
         self._key = key
         self._size = size
@@ -214,7 +225,7 @@ class ObjectFile(io.RawIOBase):
         return len(data)
 
     def _fetch(self, start: int, end: int) -> None:
-        length = max(end - start, MIN_READ)
+        length = max(end - start, self._min)
         if start + length > self._size:  # near the end (the footer): read the bytes before
             start = max(0, min(start, self._size - length))
         stop = min(self._size, max(end, start + length))
