@@ -55,3 +55,16 @@ def test_checker_catches_a_violation(tmp_path, forbidden):
         assert offenders(pkg, (forbidden.split(".")[0],)) != []
     finally:
         ROOT = saved
+
+
+def test_wire_module_needs_numpy_and_the_standard_library_only():
+    """``zephon_wire`` is shared by the server's engine and the client: it imports neither,
+    nor gRPC or protobuf."""
+    import sys
+
+    wire = ROOT / "client" / "zephon_wire"
+    assert wire.is_dir()
+    for file, names in imported_modules(wire).items():
+        for name in names:
+            top = name.split(".")[0]
+            assert top == "numpy" or top in sys.stdlib_module_names, f"{file}: imports {name}"

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import make_pipeline
+from wire_oracle import batch_response, batch_to_proto
 from zephon_client import wire as cw
 from zephon_client.tail import end_line
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_server.engine import digest
 from zephon_server.engine.errors import ZephonError
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, Span
@@ -22,6 +22,7 @@ from zephon_server.service.encoding import (
     encode_group_response,
     varint,
 )
+from zephon_wire import CHAIN_SEED, chain_digest, content_digest
 
 DTYPES = ["int32", "int64", "uint16", "uint32", "float32", "bool", "uint8"]
 
@@ -55,15 +56,15 @@ def engine_batch(
     tombstones = (SampleMeta(lane, (0, 2), 1, d3, (d3,), tombstone="malformed"),)
     batch = SampleBatch(lane, tensors, rows, tombstones)
     batch.seq = seq
-    batch.digest = digest.content_digest(tensors)
-    batch.chain_digest = digest.chain_digest(previous or digest.CHAIN_SEED, batch.digest)
+    batch.digest = content_digest(tensors)
+    batch.chain_digest = chain_digest(previous or CHAIN_SEED, batch.digest)
     return batch
 
 
 def through_the_wire(batch: SampleBatch) -> cw.DecodedBatch:
     """The batch as the service sends it (hand-encoded bytes), decoded by the client."""
     data = encode_batch_response(batch)
-    assert data == sw.batch_response(batch).SerializeToString()
+    assert data == batch_response(batch).SerializeToString()
     response = pb.StreamBatchesResponse.FromString(data)
     assert response.WhichOneof("kind") == "batch"
     return cw.decode_batch(response.batch)
@@ -81,7 +82,7 @@ def test_round_trip_every_dtype():
         np.testing.assert_array_equal(got.tensors[name], arr)
     assert got.digest == batch.digest
     assert got.chain_digest == batch.chain_digest
-    cw.verify(got, digest.CHAIN_SEED)
+    cw.verify(got, CHAIN_SEED)
 
 
 def test_tensors_go_out_in_name_order_as_raw_bytes():
@@ -89,7 +90,7 @@ def test_tensors_go_out_in_name_order_as_raw_bytes():
         "zeta": np.arange(3, dtype=np.int32),
         "alpha": np.ones((2, 2), dtype=np.uint8),
     }
-    msg = sw.batch_to_proto(engine_batch(tensors))
+    msg = batch_to_proto(engine_batch(tensors))
     assert [t.name for t in msg.tensors] == ["alpha", "zeta"]
     zeta = msg.tensors[1]
     assert zeta.dtype == pb.DTYPE_INT32
@@ -98,7 +99,7 @@ def test_tensors_go_out_in_name_order_as_raw_bytes():
 
 
 def test_decoded_arrays_share_the_message_bytes():
-    msg = sw.batch_to_proto(engine_batch({"input_ids": np.arange(8, dtype=np.int32)}))
+    msg = batch_to_proto(engine_batch({"input_ids": np.arange(8, dtype=np.int32)}))
     arr = cw.decode_batch(msg).tensors["input_ids"]
     assert not arr.flags.writeable
     assert not arr.flags.owndata
@@ -120,7 +121,7 @@ def test_rows_and_closed_documents():
 
 
 def test_rows_and_closed_are_decoded_on_first_read_from_the_batch_alone():
-    msg = sw.batch_to_proto(engine_batch(sample_tensors()))
+    msg = batch_to_proto(engine_batch(sample_tensors()))
     expected_rows = [[s.row for s in row.segments] for row in msg.rows]
     expected_closed = [(c.row, c.tombstone) for c in msg.closed]
     batch = cw.decode_batch(msg)
@@ -135,15 +136,16 @@ def test_rows_and_closed_are_decoded_on_first_read_from_the_batch_alone():
 
 
 @pytest.mark.parametrize("name", DTYPES)
-def test_client_digest_equals_engine_digest(name):
+def test_digest_survives_the_wire(name):
+    """The client recomputes the server's digest from the tensors it decoded."""
     tensors = sample_tensors(rows=3, length=4, seed=1)
     single = {"x": tensors[f"t_{name}"]}
-    assert cw.content_digest(single) == digest.content_digest(single)
+    assert cw.content_digest is content_digest  # one definition (zephon_wire)
     decoded = through_the_wire(engine_batch(single)).tensors
-    assert cw.content_digest(decoded) == digest.content_digest(single)
+    assert content_digest(decoded) == content_digest(single)
 
 
-def test_client_digest_equals_engine_digest_for_odd_layouts():
+def test_digest_survives_the_wire_for_odd_layouts():
     base = np.arange(24, dtype=np.int64).reshape(4, 6)
     cases = {
         "big_endian": base.astype(">i8"),
@@ -154,12 +156,10 @@ def test_client_digest_equals_engine_digest_for_odd_layouts():
     }
     for name, arr in cases.items():
         single = {name: arr}
-        assert cw.content_digest(single) == digest.content_digest(single), name
         decoded = through_the_wire(engine_batch(single)).tensors[name]
         np.testing.assert_array_equal(decoded, arr)
-        assert cw.content_digest({name: decoded}) == digest.content_digest(single), name
-    assert cw.content_digest(cases) == digest.content_digest(cases)
-    assert cw.CHAIN_SEED == digest.CHAIN_SEED == bytes(32)
+        assert content_digest({name: decoded}) == content_digest(single), name
+    assert cw.CHAIN_SEED == CHAIN_SEED == bytes(32)
 
 
 def test_big_endian_arrays_are_sent_little_endian():
@@ -169,7 +169,7 @@ def test_big_endian_arrays_are_sent_little_endian():
         "f32": (values / 2).astype(">f4"),
         "u16": np.arange(6, dtype=">u2"),
     }
-    msg = sw.batch_to_proto(engine_batch(tensors))
+    msg = batch_to_proto(engine_batch(tensors))
     data = {t.name: t.data for t in msg.tensors}
     assert data["i32"] == values.astype("<i4").tobytes()
     assert data["f32"] == (values / 2).astype("<f4").tobytes()
@@ -178,11 +178,11 @@ def test_big_endian_arrays_are_sent_little_endian():
     for name, arr in tensors.items():
         assert got.tensors[name].dtype.byteorder in ("<", "=")
         np.testing.assert_array_equal(got.tensors[name], arr)
-    cw.verify(got, digest.CHAIN_SEED)
+    cw.verify(got, CHAIN_SEED)
 
 
 def lane_of_batches(n: int = 4) -> list[cw.DecodedBatch]:
-    out, chain = [], digest.CHAIN_SEED
+    out, chain = [], CHAIN_SEED
     for seq in range(n):
         batch = engine_batch(sample_tensors(seed=seq), seq=seq, previous=chain)
         chain = batch.chain_digest
@@ -237,7 +237,7 @@ def test_unsupported_dtype_names_tensor_and_dtype(dtype):
     tensors = {"input_ids": np.zeros(3, dtype=np.int32), "weird": np.zeros(3, dtype=dtype)}
     batch = engine_batch({"input_ids": tensors["input_ids"]})
     batch.tensors = tensors
-    for encode in (sw.batch_to_proto, encode_batch_response):
+    for encode in (batch_to_proto, encode_batch_response):
         with pytest.raises(sw.WireError, match=rf"tensor 'weird' has dtype {np.dtype(dtype)}"):
             encode(batch)
     assert issubclass(sw.WireError, ZephonError)
@@ -245,7 +245,7 @@ def test_unsupported_dtype_names_tensor_and_dtype(dtype):
 
 def test_unnumbered_or_undigested_batches_are_refused():
     batch = engine_batch({"input_ids": np.zeros(3, dtype=np.int32)})
-    for encode in (sw.batch_to_proto, encode_batch_response):
+    for encode in (encode_batch_response,):
         batch.seq, batch.chain_digest = -1, bytes(32)
         with pytest.raises(sw.WireError, match="no seq"):
             encode(batch)
@@ -277,8 +277,8 @@ def _batch_of_every_shape() -> list[SampleBatch]:
         SampleMeta(300, (0, 3), 1, zero, (zero, big), tombstone=""),
     )
     batch = SampleBatch(300, odd, rows, tombstones)
-    batch.seq, batch.digest = 127, digest.content_digest(odd)
-    batch.chain_digest = digest.chain_digest(digest.CHAIN_SEED, batch.digest)
+    batch.seq, batch.digest = 127, content_digest(odd)
+    batch.chain_digest = chain_digest(CHAIN_SEED, batch.digest)
     out.append(batch)
     return out
 
@@ -287,7 +287,7 @@ def test_hand_encoded_batches_are_byte_identical_to_protobuf():
     """The service sends encode_batch_response's bytes; a client must not tell them from
     protobuf's serialization of the same message."""
     for batch in _batch_of_every_shape():
-        assert encode_batch_response(batch) == sw.batch_response(batch).SerializeToString()
+        assert encode_batch_response(batch) == batch_response(batch).SerializeToString()
     for value in (0, 1, 127, 128, 300, 2**32, 2**63):
         field = pb.Ack(next_seq=value).SerializeToString()
         assert varint(value) == (field[1:] if value else b"\x00")
@@ -301,7 +301,7 @@ def test_hand_encoded_batch_groups_are_byte_identical_to_protobuf():
     batches = _batch_of_every_shape()
     for group in (batches, batches[:1], batches[1:3]):
         message = pb.StreamBatchesResponse(
-            batches=pb.BatchGroup(batches=[sw.batch_to_proto(b) for b in group])
+            batches=pb.BatchGroup(batches=[batch_to_proto(b) for b in group])
         )
         assert encode_group_response(group) == message.SerializeToString()
     with pytest.raises(sw.WireError, match="at least one batch"):

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_wire import CHAIN_SEED, chain_digest, content_digest
+
 from .checkpoint import CheckpointError, IncompatibleCheckpoint, LaneState, ResumeState
-from .digest import CHAIN_SEED, chain_digest, content_digest
 from .errors import ConfigError
 from .ops.replay import REPLAY_CURSORS, ReplayFilterAccumulator
 from .planner import Plan

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..engine.digest import wire_array
+from zephon_wire import wire_array
+
 from ..engine.records import DocRef, SampleBatch, SampleMeta
 from .wire import WireError, check_sendable, wire_dtype
 

@@ -34,15 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_wire import RING_DIR, RING_NONCE_SIZE, RING_PREFIX, wire_array
 
-from ..engine.digest import wire_array
 from ..engine.records import SampleBatch
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = Path("/dev/shm")
-PREFIX = "zephon-ring-"
-NONCE_SIZE = 16
+SHM_DIR = Path(RING_DIR)
+PREFIX = RING_PREFIX
+NONCE_SIZE = RING_NONCE_SIZE
 MIN_SIZE = 1 << 20
 DEFAULT_MAX_MIB = 64
 """``--shm-ring-mib``: the largest ring a stream gets (0 turns rings off)."""
