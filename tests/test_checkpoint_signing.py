@@ -34,8 +34,8 @@ from zephon_server.engine.checkpoint import (
 from zephon_server.engine.checkpoint_key import MAC_BYTES, CheckpointKey
 from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 
 KEY_A = CheckpointKey(b"a" * 32, "test key A")
 KEY_B = CheckpointKey(b"b" * 32, "test key B")
@@ -52,7 +52,7 @@ def state(corpus_specs) -> ResumeState:
     run = pipe.run(ExecutionConfig(runner="inline"))
     n = 0
     for item in run:
-        n += isinstance(item, SampleBatch)
+        n += isinstance(item, NumberedBatch)
         if n == 4:
             break
     run.close()

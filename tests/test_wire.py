@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import numpy as np
@@ -14,6 +15,7 @@ from zephon_client.tail import end_line
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.errors import ZephonError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, Span
 from zephon_server.service import wire as sw
 from zephon_server.service.encoding import (
@@ -22,7 +24,7 @@ from zephon_server.service.encoding import (
     encode_group_response,
     varint,
 )
-from zephon_wire import CHAIN_SEED, chain_digest, content_digest
+from zephon_wire import CHAIN_SEED, content_digest
 
 DTYPES = ["int32", "int64", "uint16", "uint32", "float32", "bool", "uint8"]
 
@@ -46,7 +48,7 @@ def sample_tensors(rows: int = 2, length: int = 5, seed: int = 0) -> dict[str, n
 
 def engine_batch(
     tensors: dict[str, np.ndarray], *, lane: int = 3, seq: int = 0, previous: bytes = b""
-) -> SampleBatch:
+) -> NumberedBatch:
     """A batch with two rows (the first packs two documents) and one tombstone."""
     d0, d1, d2, d3 = (DocRef(1, 2, 10 + i, i % 2) for i in range(4))
     rows = (
@@ -54,14 +56,12 @@ def engine_batch(
         SampleMeta(lane, (0, 1), 1, d2, (d1, d2), spans=(Span(d2, 7, 5),)),
     )
     tombstones = (SampleMeta(lane, (0, 2), 1, d3, (d3,), tombstone="malformed"),)
-    batch = SampleBatch(lane, tensors, rows, tombstones)
-    batch.seq = seq
-    batch.digest = content_digest(tensors)
-    batch.chain_digest = chain_digest(previous or CHAIN_SEED, batch.digest)
-    return batch
+    return NumberedBatch.number(
+        SampleBatch(lane, tensors, rows, tombstones), seq, previous or CHAIN_SEED
+    )
 
 
-def through_the_wire(batch: SampleBatch) -> cw.DecodedBatch:
+def through_the_wire(batch: NumberedBatch) -> cw.DecodedBatch:
     """The batch as the service sends it (hand-encoded bytes), decoded by the client."""
     data = encode_batch_response(batch)
     assert data == batch_response(batch).SerializeToString()
@@ -235,26 +235,39 @@ def test_chain_verification_fails_when_tensor_names_swap():
 @pytest.mark.parametrize("dtype", ["float64", "float16", "int16", "int8", "complex64", "U3"])
 def test_unsupported_dtype_names_tensor_and_dtype(dtype):
     tensors = {"input_ids": np.zeros(3, dtype=np.int32), "weird": np.zeros(3, dtype=dtype)}
-    batch = engine_batch({"input_ids": tensors["input_ids"]})
-    batch.tensors = tensors
+    batch = engine_batch(tensors)
     for encode in (batch_to_proto, encode_batch_response):
         with pytest.raises(sw.WireError, match=rf"tensor 'weird' has dtype {np.dtype(dtype)}"):
             encode(batch)
     assert issubclass(sw.WireError, ZephonError)
 
 
-def test_unnumbered_or_undigested_batches_are_refused():
-    batch = engine_batch({"input_ids": np.zeros(3, dtype=np.int32)})
-    for encode in (encode_batch_response,):
-        batch.seq, batch.chain_digest = -1, bytes(32)
-        with pytest.raises(sw.WireError, match="no seq"):
-            encode(batch)
-        batch.seq, batch.chain_digest = 4, b""
-        with pytest.raises(sw.WireError, match="seq 4: chain_digest has 0 bytes"):
-            encode(batch)
+def test_batches_cannot_exist_unnumbered_or_undigested():
+    """A numbered batch is built once with seq and digests: the encoder never sees one
+    without (the check it used to make is the constructor's)."""
+    good = engine_batch({"input_ids": np.zeros(3, dtype=np.int32)}, seq=4)
+    assert good.seq == 4 and len(good.digest) == len(good.chain_digest) == 32
+    with pytest.raises(ValueError, match="seq must be >= 0, got -1"):
+        dataclasses.replace(good, seq=-1)
+    with pytest.raises(ValueError, match="chain_digest of lane 3 seq 4 has 0 bytes"):
+        dataclasses.replace(good, chain_digest=b"")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        good.seq = 5  # type: ignore[misc]
 
 
-def _batch_of_every_shape() -> list[SampleBatch]:
+def test_the_wire_view_is_made_once_and_shared():
+    """Digest, size, encoder and ring read the batch's one wire view."""
+    tensors = {"zeta": np.arange(6, dtype=">i4"), "alpha": np.ones((2, 3), dtype=np.uint8)}
+    batch = engine_batch(tensors)
+    assert [name for name, _ in batch.wire] == ["alpha", "zeta"]
+    assert batch.wire[1][1].dtype == np.dtype("<i4")
+    assert batch.nbytes == 6 + 24
+    assert batch.digest == content_digest(tensors)
+    data = encode_batch_response(batch)
+    assert batch.wire[1][1].tobytes() in data
+
+
+def _batch_of_every_shape() -> list[NumberedBatch]:
     """Batches that exercise each encoding rule: zero (omitted) and multi-byte varints, empty
     rows and tensors, tombstones with and without a reason, every dtype and odd layouts."""
     big = DocRef(7, 300, 2**40 + 5, 130)
@@ -276,10 +289,7 @@ def _batch_of_every_shape() -> list[SampleBatch]:
         SampleMeta(300, (0, 2), 1, big, (big,), tombstone="malformed: é"),
         SampleMeta(300, (0, 3), 1, zero, (zero, big), tombstone=""),
     )
-    batch = SampleBatch(300, odd, rows, tombstones)
-    batch.seq, batch.digest = 127, content_digest(odd)
-    batch.chain_digest = chain_digest(CHAIN_SEED, batch.digest)
-    out.append(batch)
+    out.append(NumberedBatch.number(SampleBatch(300, odd, rows, tombstones), 127, CHAIN_SEED))
     return out
 
 

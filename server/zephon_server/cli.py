@@ -29,8 +29,8 @@ from .stop_signals import StartupInterrupted, StopSignals
 if TYPE_CHECKING:
     from .engine.checkpoint_key import CheckpointKey
     from .engine.execution import ExecutionConfig
+    from .engine.numbered_batch import NumberedBatch
     from .engine.pipeline import Pipeline
-    from .engine.records import SampleBatch
 
 log = logging.getLogger("zephon")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -139,7 +139,7 @@ def _python_pipeline(fn: Any) -> tuple[Pipeline, ExecutionConfig]:
     return pipeline, execution
 
 
-def batch_json(batch: SampleBatch) -> dict[str, Any]:
+def batch_json(batch: NumberedBatch) -> dict[str, Any]:
     """A JSON-able view of a batch (tensors as nested lists)."""
     return {
         "lane": batch.lane_id,
@@ -164,7 +164,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from .engine.records import SampleBatch
+    from .engine.numbered_batch import NumberedBatch
     from .engine.run import PipelineRun
 
     key = checkpoint_key_from_args(args)
@@ -183,7 +183,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     open_lanes = set(run.lanes)
     out = sys.stdout
     for item in run:
-        if not isinstance(item, SampleBatch):
+        if not isinstance(item, NumberedBatch):
             open_lanes.discard(item.lane_id)
         elif counts[item.lane_id] < wanted:
             counts[item.lane_id] += 1

@@ -50,10 +50,11 @@ from .errors import ConfigError, ZephonError
 from .execution import ExecutionConfig
 from .lane_buffer import LaneBuffer
 from .manifest import ShardManifest, manifest_dir, save_manifest
+from .numbered_batch import NumberedBatch
 from .pipeline import Pipeline
 from .planner import Plan
 from .readers import HubReader, LaneReader
-from .records import LaneEnd, SampleBatch
+from .records import LaneEnd
 from .replay_cache import ReplayCache
 from .replays import ReplayLimit, ReplayPool, SharedReplay
 from .run import EndOfLane, PipelineRun
@@ -310,7 +311,7 @@ class LaneHub:
                     if not self._current(generation):
                         return
                     st = self._state[item.lane_id]
-                    if isinstance(item, SampleBatch):
+                    if isinstance(item, NumberedBatch):
                         keep = self._keep(st, generation)
                         if keep is None:
                             return

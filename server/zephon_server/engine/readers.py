@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .lane_buffer import LaneBuffer
-from .records import SampleBatch
+from .numbered_batch import NumberedBatch
 from .replays import SharedReplay
 from .run import EndOfLane
 
@@ -21,20 +21,20 @@ if TYPE_CHECKING:
     from .hub import LaneHub
 
 
-class LaneReader(Iterator["SampleBatch | EndOfLane"]):
+class LaneReader(Iterator["NumberedBatch | EndOfLane"]):
     """One consumer's stream of a lane (:meth:`LaneHub.open`): its batches in seq order, then
     an :class:`EndOfLane`. Iterating blocks until the next item exists; :meth:`ready` takes
     the batches that already do without waiting."""
 
-    def __init__(self, items: Iterator[SampleBatch | EndOfLane]) -> None:
+    def __init__(self, items: Iterator[NumberedBatch | EndOfLane]) -> None:
         self._items = items
 
-    def __next__(self) -> SampleBatch | EndOfLane:
+    def __next__(self) -> NumberedBatch | EndOfLane:
         return next(self._items)
 
     def ready(
         self, limit: int, max_bytes: int | None = None, linger: float = 0.0
-    ) -> list[SampleBatch]:
+    ) -> list[NumberedBatch]:
         """Up to ``limit`` next batches that are produced already, while their tensors add up
         to at most ``max_bytes``. With ``linger`` > 0 it first waits up to that many seconds
         for ``limit`` batches to exist (less when the lane ends, the stream closes or the
@@ -67,7 +67,7 @@ class HubReader(LaneReader):
         for the producer, so a peer that reads a replay does not run away from a stuck one."""
         return self._seq >= st.position() + self._hub.limit
 
-    def __next__(self) -> SampleBatch | EndOfLane:
+    def __next__(self) -> NumberedBatch | EndOfLane:
         if self._done:
             raise StopIteration
         hub, lane = self._hub, self._lane
@@ -80,9 +80,9 @@ class HubReader(LaneReader):
                     self._done = True  # closed (the call was cancelled) while waiting
                     raise StopIteration
                 got = (replay or st).item(self._seq)
-                if replay is not None and isinstance(got, SampleBatch) and self._ahead(st):
+                if replay is not None and isinstance(got, NumberedBatch) and self._ahead(st):
                     got = None  # a replay keeps to the live log's bound too
-                if isinstance(got, SampleBatch):
+                if isinstance(got, NumberedBatch):
                     self._seq += 1
                     if replay is not None:
                         replay.took(self._consumer, self._seq)
@@ -101,9 +101,9 @@ class HubReader(LaneReader):
 
     def ready(
         self, limit: int, max_bytes: int | None = None, linger: float = 0.0
-    ) -> list[SampleBatch]:
+    ) -> list[NumberedBatch]:
         hub = self._hub
-        out: list[SampleBatch] = []
+        out: list[NumberedBatch] = []
         budget = float("inf") if max_bytes is None else max_bytes
         with hub._cond:
             st = hub._state[self._lane]
@@ -115,9 +115,9 @@ class HubReader(LaneReader):
             source = replay or st
             while len(out) < limit:
                 batch = source.item(self._seq)
-                if not isinstance(batch, SampleBatch) or (replay is not None and self._ahead(st)):
+                if not isinstance(batch, NumberedBatch) or (replay is not None and self._ahead(st)):
                     break
-                budget -= batch.nbytes()
+                budget -= batch.nbytes
                 if budget < 0:
                     break
                 out.append(batch)

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_wire import RING_DIR, RING_NONCE_SIZE, RING_PREFIX, wire_array
+from zephon_wire import RING_DIR, RING_NONCE_SIZE, RING_PREFIX
 
-from ..engine.records import SampleBatch
+from ..engine.numbered_batch import NumberedBatch
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class Ring:
             log.info("client declined the shared-memory ring: %s", reply.reason or "no reason")
 
     def place(
-        self, batches: Sequence[SampleBatch], acknowledged: int
+        self, batches: Sequence[NumberedBatch], acknowledged: int
     ) -> list[dict[str, int]] | None:
         """Copy the tensors of ``batches`` into the ring; each batch's offsets by tensor name,
         or ``None`` (nothing written) when the client has not accepted the ring or it has no
@@ -173,15 +173,12 @@ class Ring:
         if not self.accepted:
             return None
         self._space.release(acknowledged)
-        arrays = [
-            [(name, wire_array(b.tensors[name])) for name in sorted(b.tensors)] for b in batches
-        ]
-        total = sum(arr.nbytes for tensors in arrays for _, arr in tensors)
+        total = sum(b.nbytes for b in batches)
         offset = self._space.allocate(total, batches[-1].seq + 1)
         if offset is None:
             return None
         out: list[dict[str, int]] = []
-        for tensors in arrays:
+        for tensors in (b.wire for b in batches):
             offsets = {}
             for name, arr in tensors:
                 offsets[name] = offset

@@ -257,7 +257,7 @@ class DataService(pb_grpc.DataServiceServicer):
                 if offer_ring:  # sized for the send window's batches, once their size is known
                     offer_ring = False
                     in_flight = self.window + 2 * per_message
-                    size = ring_size(item.nbytes(), in_flight, self.ring_mib)
+                    size = ring_size(item.nbytes, in_flight, self.ring_mib)
                     acked.ring = Ring.create(lane, size)
                     if acked.ring is not None:
                         yield acked.ring.offer()
@@ -268,7 +268,7 @@ class DataService(pb_grpc.DataServiceServicer):
                 room = min(per_message, acked.value + self.window - item.seq) - 1
                 if room > 0:
                     linger = self.linger if sent > start else 0.0
-                    group += stream.ready(room, GROUP_MAX_BYTES - item.nbytes(), linger)
+                    group += stream.ready(room, GROUP_MAX_BYTES - item.nbytes, linger)
                 acked.sent = group[-1].seq + 1  # before the client can see (and ack) them
                 offsets = None if acked.ring is None else acked.ring.place(group, acked.value)
                 message = encode_batches(group, offsets)

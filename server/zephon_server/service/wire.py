@@ -13,13 +13,12 @@ from typing import Any
 import numpy as np
 
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_wire import DIGEST_SIZE, SUPPORTED_DTYPES, dtype_code
+from zephon_wire import SUPPORTED_DTYPES, dtype_code
 
 from ..engine.errors import ZephonError
-from ..engine.records import SampleBatch, SampleMeta
+from ..engine.records import SampleMeta
 
 __all__ = [
-    "DIGEST_SIZE",
     "SUPPORTED_DTYPES",
     "WireError",
     "add_tombstones",
@@ -29,7 +28,7 @@ __all__ = [
 
 
 class WireError(ZephonError, ValueError):
-    """An engine object cannot be put on the wire (unsupported dtype, unassigned seq...)."""
+    """An engine object cannot be put on the wire (an unsupported dtype, a negative value)."""
 
 
 def wire_dtype(name: str, dtype: np.dtype) -> int:
@@ -41,21 +40,6 @@ def wire_dtype(name: str, dtype: np.dtype) -> int:
             f"supported: {', '.join(SUPPORTED_DTYPES)} (cast it in the pipeline)"
         )
     return code
-
-
-def check_sendable(batch: SampleBatch) -> None:
-    """:class:`WireError` unless the lane output log assigned the batch's seq and digests."""
-    if batch.seq < 0:
-        raise WireError(
-            f"lane {batch.lane_id}: batch has no seq; only batches from the lane output log "
-            "(which assigns seq and digests) go on the wire"
-        )
-    for what, value in (("digest", batch.digest), ("chain_digest", batch.chain_digest)):
-        if len(value) != DIGEST_SIZE:
-            raise WireError(
-                f"lane {batch.lane_id} seq {batch.seq}: {what} has {len(value)} bytes, "
-                f"expected {DIGEST_SIZE} (assigned by the lane output log)"
-            )
 
 
 def add_tombstones(closed: Any, tombstones: Iterable[SampleMeta]) -> None:
