@@ -17,10 +17,10 @@ import time
 import pytest
 
 from helpers import lane_chains
+from zephon_server.delivery.hub import LaneHub, headroom
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.corpus import sample_corpus_specs, write_sample_corpus
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.hub import LaneHub, headroom
 from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.replay_cache import ReplayCache

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from zephon_server.delivery.hub import EndOfLane, LaneHub, LaneReader
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.hub import EndOfLane, LaneHub, LaneReader
 from zephon_server.engine.pipeline import Pipeline
 
 

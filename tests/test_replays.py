@@ -30,9 +30,9 @@ from service_helpers import (
     write_config,
 )
 from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_server.delivery.hub import LaneHub
 from zephon_server.engine.config import load_config
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.hub import LaneHub
 from zephon_server.engine.numbered_batch import NumberedBatch
 
 READ_FIRST = 300  # batches of lane 0 read (and acknowledged) before the replays

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 from infra import free_port, prometheus_available, start_prometheus
 from service_helpers import read_lane, server, write_config
 from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_server.delivery.hub import LaneHub
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.hub import LaneHub
 
 pytestmark = pytest.mark.service
 

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..allocator import current_name
-from ..engine.hub import LaneHub
+from ..delivery.hub import LaneHub
 from ..engine.numbered_batch import NumberedBatch
 from ..engine.replay_cache import ReplayCache
 from ..engine.storage.metrics import StorageStats, histogram, storage_stats

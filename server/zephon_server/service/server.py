@@ -35,6 +35,8 @@ from .. import gc_policy
 from ..allocator import CHOICES as ALLOCATORS
 from ..allocator import ENV as ALLOCATOR_ENV
 from ..cli import CHECKPOINT_KEY_ENV, checkpoint_key_from_args
+from ..delivery.hub import LaneHub
+from ..delivery.ring import DEFAULT_MAX_MIB, sweep_stale
 from ..engine import shm_owner
 from ..engine.cache_budget import CacheBudget
 from ..engine.checkpoint import (
@@ -46,7 +48,6 @@ from ..engine.checkpoint import (
 )
 from ..engine.checkpoint_key import CheckpointKey
 from ..engine.errors import ZephonError
-from ..engine.hub import LaneHub
 from ..engine.replay_cache import ReplayCache
 from ..stop_signals import StopSignals
 from .auth import TokenAuthInterceptor
@@ -54,7 +55,6 @@ from .listen import check_tls_files, listen_problem
 from .malformed import MalformedRequestInterceptor
 from .metrics import ServiceMetrics
 from .metrics_http import MetricsHTTPServer, add_metrics_arguments, config_from_args, describe
-from .ring import DEFAULT_MAX_MIB, sweep_stale
 from .servicer import LINGER, DataService, add_to_server
 
 log = logging.getLogger("zephon.serve")

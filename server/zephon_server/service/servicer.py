@@ -1,6 +1,6 @@
 """The ``zephon.v1.DataService`` servicer: GetInfo, StreamBatches, Checkpoint, Resume.
 
-A thin adapter over :class:`~zephon_server.engine.hub.LaneHub`. ``StreamBatches`` reads the
+A thin adapter over :class:`~zephon_server.delivery.hub.LaneHub`. ``StreamBatches`` reads the
 first client message (``OpenLane``), then serves the lane in seq order while a helper thread
 reads acknowledgements; at most ``window`` batches are sent beyond the last acknowledgement,
 so a slow consumer is held back without holding back other lanes. A client on the same host
@@ -25,14 +25,14 @@ from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from .. import __version__
+from ..delivery.hub import EndOfLane, HubClosed, LaneHub, ReplayLimit
+from ..delivery.ring import DEFAULT_MAX_MIB, Ring, ring_size
 from ..engine.checkpoint import CheckpointNotSaved, ResumeState
-from ..engine.hub import EndOfLane, HubClosed, LaneHub, ReplayLimit
 from .encoding import encode_batches
 from .errors import InvalidRequest, abort
 from .limits import RequestLimits
 from .metrics import ServiceMetrics
 from .ratelimit import RateLimitedLog
-from .ring import DEFAULT_MAX_MIB, Ring, ring_size
 from .wire import end_response
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,10 @@ class DataService(pb_grpc.DataServiceServicer):
                     size = ring_size(item.nbytes, in_flight, self.ring_mib)
                     acked.ring = Ring.create(lane, size)
                     if acked.ring is not None:
-                        yield acked.ring.offer()
+                        ring = acked.ring
+                        yield pb.StreamBatchesResponse(
+                            ring=pb.RingOffer(path=str(ring.path), size=ring.size, nonce=ring.nonce)
+                        )
                 group = [item]
                 # Batches already produced join this message, as many as the client takes
                 # and the send window allows (seq s needs acks up to s - window + 1); after
@@ -319,7 +322,7 @@ class DataService(pb_grpc.DataServiceServicer):
                             "the server offered a ring, and only once"
                         )
                     else:
-                        ring.answer(msg.ring)
+                        ring.answer(msg.ring.accepted, msg.ring.reason)
                         continue
                 elif kind != "ack":
                     acked.fail(

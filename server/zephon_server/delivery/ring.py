@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_wire import RING_DIR, RING_NONCE_SIZE, RING_PREFIX
 
 from ..engine.numbered_batch import NumberedBatch
@@ -146,23 +145,18 @@ class Ring:
             )
             return None
 
-    def offer(self) -> pb.StreamBatchesResponse:
-        """The message that offers this ring to the client."""
-        return pb.StreamBatchesResponse(
-            ring=pb.RingOffer(path=str(self.path), size=self.size, nonce=self.nonce)
-        )
-
-    def answer(self, reply: pb.RingReply) -> None:
-        """The client's reply (from the stream's request reader): use the ring, or give its
-        memory back at once (:meth:`place` never touches a ring that was not accepted)."""
+    def answer(self, accepted: bool, reason: str = "") -> None:
+        """The client's reply to the offer (from the stream's request reader): use the ring,
+        or give its memory back at once (:meth:`place` never touches a ring that was not
+        accepted)."""
         with self._lock:
             self.answered = True
-            self.accepted = reply.accepted and not self._closed
+            self.accepted = accepted and not self._closed
             self._unlink()
             if not self.accepted:
                 self._unmap()
-        if not reply.accepted:
-            log.info("client declined the shared-memory ring: %s", reply.reason or "no reason")
+        if not accepted:
+            log.info("client declined the shared-memory ring: %s", reason or "no reason")
 
     def place(
         self, batches: Sequence[NumberedBatch], acknowledged: int

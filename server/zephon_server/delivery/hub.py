@@ -38,26 +38,26 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .checkpoint import (
+from ..engine.checkpoint import (
     CheckpointError,
     CheckpointStore,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     ResumeState,
 )
-from .checkpoint_key import CheckpointKey
-from .errors import ConfigError, ZephonError
-from .execution import ExecutionConfig
+from ..engine.checkpoint_key import CheckpointKey
+from ..engine.errors import ConfigError, ZephonError
+from ..engine.execution import ExecutionConfig
+from ..engine.manifest import ShardManifest, manifest_dir, save_manifest
+from ..engine.numbered_batch import NumberedBatch
+from ..engine.pipeline import Pipeline
+from ..engine.planner import Plan
+from ..engine.records import LaneEnd
+from ..engine.replay_cache import ReplayCache
+from ..engine.run import EndOfLane, PipelineRun
 from .lane_buffer import LaneBuffer
-from .manifest import ShardManifest, manifest_dir, save_manifest
-from .numbered_batch import NumberedBatch
-from .pipeline import Pipeline
-from .planner import Plan
 from .readers import HubReader, LaneReader
-from .records import LaneEnd
-from .replay_cache import ReplayCache
 from .replays import ReplayLimit, ReplayPool, SharedReplay
-from .run import EndOfLane, PipelineRun
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .numbered_batch import NumberedBatch
+from ..engine.numbered_batch import NumberedBatch
+from ..engine.run import EndOfLane
 from .replays import SharedReplay
-from .run import EndOfLane
 
 
 @dataclass

@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..engine.numbered_batch import NumberedBatch
+from ..engine.run import EndOfLane
 from .lane_buffer import LaneBuffer
-from .numbered_batch import NumberedBatch
 from .replays import SharedReplay
-from .run import EndOfLane
 
 if TYPE_CHECKING:
     from .hub import LaneHub

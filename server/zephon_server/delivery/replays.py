@@ -32,10 +32,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ConfigError, ZephonError
-from .numbered_batch import NumberedBatch
-from .records import LaneEnd
-from .run import EndOfLane, PipelineRun
+from ..engine.errors import ConfigError, ZephonError
+from ..engine.numbered_batch import NumberedBatch
+from ..engine.records import LaneEnd
+from ..engine.run import EndOfLane, PipelineRun
 
 log = logging.getLogger(__name__)
 
