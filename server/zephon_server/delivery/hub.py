@@ -56,7 +56,7 @@ from ..engine.records import LaneEnd
 from ..engine.replay_cache import ReplayCache
 from ..engine.run import EndOfLane, PipelineRun
 from .lane_buffer import LaneBuffer
-from .readers import HubReader, LaneReader
+from .readers import LaneReader
 from .replays import ReplayLimit, ReplayPool, SharedReplay
 
 log = logging.getLogger(__name__)
@@ -471,7 +471,7 @@ class LaneHub:
                 st.consumers[consumer] = start_seq
             else:
                 self._join_replay(st, consumer, start_seq, start_seq)
-        return HubReader(self, lane, consumer, start_seq, generation)
+        return LaneReader(self, lane, consumer, start_seq, generation)
 
     def _join_replay(
         self, st: LaneBuffer, consumer: str, seq: int, acked: int, forced: bool = False
