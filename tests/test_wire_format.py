@@ -16,7 +16,7 @@ import zephon_wire as zw
 from zephon_client import ring as client_ring
 from zephon_client import wire as client_wire
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_server.service import ring as server_ring
+from zephon_server.delivery import ring as server_ring
 
 _BASE = np.arange(24, dtype=np.int64).reshape(4, 6)
 KNOWN = {

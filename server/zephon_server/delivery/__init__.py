@@ -9,6 +9,11 @@ NumberedBatch` values) and the gRPC service (which only adapts this package to t
 * :mod:`.readers`: one consumer's stream of a lane, from the log or from a shared replay;
 * :mod:`.replays`: shared replays serving seqs the log no longer holds (the engine regenerates;
   this layer serves);
+* :mod:`.streams`: a server's streams (named consumers, the stream limit, draining) and one
+  consumer's stream of a lane;
+* :mod:`.acks`: a stream's send window and acknowledgements;
+* :mod:`.message_planner`: the one place that decides what a stream's next message carries
+  (window, batches and bytes per message, linger, shared-memory ring placement);
 * :mod:`.ring`: the shared-memory rings.
 
 It never imports gRPC or protobuf (a test enforces it).

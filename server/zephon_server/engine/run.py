@@ -101,7 +101,7 @@ class LaneLog:
         return cursor, chain
 
 
-@dataclass
+@dataclass(frozen=True)
 class EndOfLane:
     """What a reader gets past a lane's last batch.
 
