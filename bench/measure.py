@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_server.engine.checkpoint import ResumeState
-from zephon_server.engine.records import SampleBatch
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.replay_cache import ReplayCache
 from zephon_server.engine.run import PipelineRun
 from zephon_server.engine.tokenizer import Tokenizer, load_tokenizer
@@ -255,7 +255,7 @@ def long_run(work: Workload, runner: str = "threads", workers: int = 2) -> dict[
     }
 
 
-def _until(batches: Iterator[SampleBatch], done: Callable[[SampleBatch], bool]) -> int:
+def _until(batches: Iterator[NumberedBatch], done: Callable[[NumberedBatch], bool]) -> int:
     n = 0
     for batch in batches:
         n += 1
@@ -278,7 +278,7 @@ def _timed_resume(
     seen = {b.lane_id: b.seq}
     want = len(only) if only is not None else lanes
 
-    def every_lane_seen(batch: SampleBatch) -> bool:
+    def every_lane_seen(batch: NumberedBatch) -> bool:
         seen.setdefault(batch.lane_id, batch.seq)
         return len(seen) == want
 
@@ -318,7 +318,7 @@ def resume(work: Workload, runner: str = "threads", workers: int = 2) -> dict[st
     fresh_ttfb = time.perf_counter() - t0
     reached: dict[int, int] = {}
 
-    def mid_epoch(batch: SampleBatch) -> bool:
+    def mid_epoch(batch: NumberedBatch) -> bool:
         chunk = max(meta.cursor[0] for meta in batch.rows)
         reached[batch.lane_id] = max(reached.get(batch.lane_id, -1), chunk)
         return len(reached) == lanes and min(reached.values()) >= target_chunk

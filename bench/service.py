@@ -343,7 +343,7 @@ def serve_main(argv: list[str]) -> int:
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
 
     from zephon_server.cli import main
-    from zephon_server.engine import hub as hub_module
+    from zephon_server.delivery import hub as hub_module
     from zephon_server.engine.run import PipelineRun
 
     if getattr(hub_module, "PipelineRun", None) is not PipelineRun:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, SampleRecord
+from zephon_server.engine.numbered_batch import NumberedBatch
+from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
 
 
 def rec(lane: int, chunk: int, offset: int, tokens: int = 3, tombstone: str = "") -> SampleRecord:
@@ -62,11 +63,9 @@ def assert_closed_exactly_once(run) -> None:
     """Consume ``run``; every source document must be closed exactly once (rows + tombstones)."""
     from collections import Counter
 
-    from zephon_server.engine.records import SampleBatch
-
     closed: Counter = Counter()
     for item in run:
-        if isinstance(item, SampleBatch):
+        if isinstance(item, NumberedBatch):
             closed.update(item.closes())
     for log in run.logs.values():
         for meta in log.tail_tombstones:
@@ -79,7 +78,7 @@ def lane_chains(run, limit=None):
     """Consume ``run``; {lane: [(seq, chain_hex)]} (stop once every lane has ``limit``)."""
     out: dict[int, list] = {lane: [] for lane in run.lanes}
     for item in run:
-        if isinstance(item, SampleBatch):
+        if isinstance(item, NumberedBatch):
             out[item.lane_id].append((item.seq, item.chain_digest.hex()))
             if limit is not None and all(len(v) >= limit for v in out.values()):
                 break

@@ -17,12 +17,12 @@ import time
 import pytest
 
 from helpers import lane_chains
+from zephon_server.delivery.hub import LaneHub, headroom
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.corpus import sample_corpus_specs, write_sample_corpus
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.hub import LaneHub, headroom
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 from zephon_server.engine.replay_cache import ReplayCache
 
 MAX_AHEAD = 2
@@ -164,7 +164,7 @@ def test_a_reader_waiting_on_one_lane_is_not_stuck_behind_another_full_lane(make
     deadline = time.monotonic() + 30
     while got < 3 * CHUNK and time.monotonic() < deadline:
         item = next(reader)
-        assert isinstance(item, SampleBatch) and item.seq == got
+        assert isinstance(item, NumberedBatch) and item.seq == got
         got += 1
         hub.ack(0, "c", got)
     assert got == 3 * CHUNK
@@ -190,7 +190,7 @@ def test_past_the_cap_batches_are_not_kept_and_their_readers_replay_them(corpus_
         zero = hub.open(0, "zero", 0)
         for seq in range(610):  # lane 0's first chunk and into its second
             item = next(zero)
-            assert isinstance(item, SampleBatch) and item.seq == seq
+            assert isinstance(item, NumberedBatch) and item.seq == seq
             hub.ack(0, "zero", seq + 1)
         hub.close_consumer(0, "zero")
         lane1 = hub.stats()["lanes"][1]
@@ -200,7 +200,7 @@ def test_past_the_cap_batches_are_not_kept_and_their_readers_replay_them(corpus_
         got = []
         for seq in range(650):
             item = next(one)
-            assert isinstance(item, SampleBatch)
+            assert isinstance(item, NumberedBatch)
             got.append((item.seq, item.chain_digest.hex()))
             hub.ack(1, "one", seq + 1)
         assert got == reference[1][:650]

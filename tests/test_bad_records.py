@@ -24,8 +24,8 @@ from zephon_server.engine.corpus import write_parquet
 from zephon_server.engine.datasets import DEFAULT_MAX_DOCUMENT_BYTES, DatasetSpec
 from zephon_server.engine.errors import ConfigError, DataError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline, fingerprint_document
-from zephon_server.engine.records import SampleBatch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,7 +69,7 @@ def collect(pipe: Pipeline, runner: str) -> tuple[dict[int, bytes], Counter, dic
     docs: dict[int, bytes] = {}
     tombstones: Counter = Counter()
     for item in run:
-        if not isinstance(item, SampleBatch):
+        if not isinstance(item, NumberedBatch):
             continue
         ids, mask = item.tensors["input_ids"], item.tensors["padding_mask"]
         for i, meta in enumerate(item.rows):

@@ -1,6 +1,8 @@
-"""Layer boundaries: the engine never imports gRPC; the client never imports the server; the
-server's layers import downwards only (engine < runtime < service < command line), with no
-cycle, and the server needs the client only inside the ``zephon tail`` command."""
+"""Layer boundaries: the engine never imports gRPC, the delivery layer or the service; the
+delivery layer imports the engine but neither the service nor gRPC; the client never imports the
+server; ``zephon_wire`` (shared by both sides) imports numpy and the standard library only; the
+server's layers import downwards only (engine < runtime, delivery < service < command line),
+with no cycle, and the server needs the client only inside the ``zephon tail`` command."""
 
 from __future__ import annotations
 
@@ -36,10 +38,37 @@ def offenders(package_dir: Path, forbidden: tuple[str, ...]) -> list[str]:
     ]
 
 
-def test_engine_never_imports_grpc():
-    engine = ROOT / "server" / "zephon_server" / "engine"
+GRPC = ("grpc", "grpc_health", "grpc_reflection", "zephon_proto", "google")
+SERVER = ROOT / "server" / "zephon_server"
+
+
+def relative_offenders(package_dir: Path, forbidden: tuple[str, ...]) -> list[str]:
+    """Relative imports (``from ..service import x``) of a sibling package in ``forbidden``."""
+    out = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2:
+                top = (node.module or "").split(".")[0]
+                names = [top] if top else [alias.name for alias in node.names]
+                out += [f"{path.relative_to(ROOT)}: imports ..{n}" for n in names if n in forbidden]
+    return out
+
+
+def test_engine_never_imports_grpc_delivery_or_service():
+    engine = SERVER / "engine"
     assert engine.is_dir()
-    assert offenders(engine, ("grpc", "grpc_health", "grpc_reflection", "zephon_proto")) == []
+    above = ("zephon_server.delivery", "zephon_server.service")
+    assert offenders(engine, GRPC) == []
+    assert [o for o in offenders(engine, ("zephon_server",)) if o.endswith(above)] == []
+    assert relative_offenders(engine, ("delivery", "service")) == []
+
+
+def test_delivery_imports_the_engine_but_never_the_service_or_grpc():
+    delivery = SERVER / "delivery"
+    assert delivery.is_dir()
+    assert offenders(delivery, GRPC) == []
+    assert relative_offenders(delivery, ("service",)) == []
+    assert any("..engine" in o for o in relative_offenders(delivery, ("engine",)))
 
 
 def test_client_never_imports_the_server():
@@ -114,7 +143,8 @@ LOWER = {
     # unit: the units of zephon_server it may import
     "engine": {"engine"},
     "runtime": {"runtime", "engine"},
-    "service": {"service", "engine", "runtime", "stop_signals", "zephon_server"},
+    "delivery": {"delivery", "engine"},
+    "service": {"service", "delivery", "engine", "runtime", "stop_signals", "zephon_server"},
 }
 """What the lower layers may import; the command-line modules above them may import them all."""
 
@@ -155,7 +185,7 @@ def cycles(found: list[tuple[str, str, str]]) -> list[list[str]]:
 
 def test_the_server_layers_import_downwards_only():
     found = imports(SERVER)
-    assert {unit(m) for m, _, _ in found} >= {"engine", "runtime", "service", "cli"}
+    assert {unit(m) for m, _, _ in found} >= {"engine", "runtime", "delivery", "service", "cli"}
     assert layer_offenders(found) == []
 
 
@@ -203,6 +233,21 @@ def test_the_layer_checks_catch_a_cycle_and_a_climb():
     ]
 
 
+def test_checker_catches_a_relative_import_of_a_layer_above(tmp_path):
+    global ROOT
+    pkg = tmp_path / "engine"
+    pkg.mkdir()
+    (pkg / "mod.py").write_text("from ..delivery.hub import LaneHub\nfrom .. import service\n")
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert relative_offenders(pkg, ("delivery", "service")) == [
+            "engine/mod.py: imports ..delivery",
+            "engine/mod.py: imports ..service",
+        ]
+    finally:
+        ROOT = saved
+
+
 @pytest.mark.parametrize("forbidden", ["grpc", "zephon_server.engine"])
 def test_checker_catches_a_violation(tmp_path, forbidden):
     pkg = tmp_path / "pkg"
@@ -214,3 +259,16 @@ def test_checker_catches_a_violation(tmp_path, forbidden):
         assert offenders(pkg, (forbidden.split(".")[0],)) != []
     finally:
         ROOT = saved
+
+
+def test_wire_module_needs_numpy_and_the_standard_library_only():
+    """``zephon_wire`` is shared by the server's engine and the client: it imports neither,
+    nor gRPC or protobuf."""
+    import sys
+
+    wire = ROOT / "client" / "zephon_wire"
+    assert wire.is_dir()
+    for file, names in imported_modules(wire).items():
+        for name in names:
+            top = name.split(".")[0]
+            assert top == "numpy" or top in sys.stdlib_module_names, f"{file}: imports {name}"

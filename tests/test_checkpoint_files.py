@@ -21,8 +21,8 @@ from zephon_server.engine.checkpoint import (
 )
 from zephon_server.engine.checkpoint_key import CheckpointKey
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 
 
 def pipeline(specs, seed=1, microbatch=2):
@@ -40,7 +40,7 @@ def state_bytes(corpus_specs):
     run = pipeline(corpus_specs).run(ExecutionConfig(runner="inline"))
     n = 0
     for item in run:
-        n += isinstance(item, SampleBatch)
+        n += isinstance(item, NumberedBatch)
         if n == 6:
             break
     run.close()

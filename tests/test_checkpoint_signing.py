@@ -33,8 +33,8 @@ from zephon_server.engine.checkpoint import (
 from zephon_server.engine.checkpoint_key import MAC_BYTES, CheckpointKey
 from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 from zephon_server.serve_flags import CHECKPOINT_KEY_ENV, checkpoint_key_from_args
 
 KEY_A = CheckpointKey(b"a" * 32, "test key A")
@@ -52,7 +52,7 @@ def state(corpus_specs) -> ResumeState:
     run = pipe.run(ExecutionConfig(runner="inline"))
     n = 0
     for item in run:
-        n += isinstance(item, SampleBatch)
+        n += isinstance(item, NumberedBatch)
         if n == 4:
             break
     run.close()

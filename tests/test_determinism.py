@@ -12,9 +12,10 @@ from conftest import make_pipeline
 from helpers import assert_closed_exactly_once
 from zephon_server.engine.errors import WorkerError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.ops.base import Operator, OpTraits
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import LaneEnd, SampleBatch
+from zephon_server.engine.records import LaneEnd
 
 
 def lane_chains(pipe: Pipeline, execution: ExecutionConfig) -> dict[int, list[str]]:
@@ -124,7 +125,7 @@ def test_lane_end_follows_each_lane(corpus_specs):
     assert sorted(ends) == [0, 1, 2, 3]
     for lane in ends:
         last = max(
-            i for i, x in enumerate(items) if isinstance(x, SampleBatch) and x.lane_id == lane
+            i for i, x in enumerate(items) if isinstance(x, NumberedBatch) and x.lane_id == lane
         )
         assert (
             items.index(next(x for x in items if isinstance(x, LaneEnd) and x.lane_id == lane))

@@ -441,8 +441,8 @@ def exposed_metric_names(corpus_specs) -> dict[str, str]:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from conftest import make_pipeline
+    from zephon_server.delivery.hub import LaneHub
     from zephon_server.engine.execution import ExecutionConfig
-    from zephon_server.engine.hub import LaneHub
     from zephon_server.service.metrics import ServiceMetrics
 
     pipe = make_pipeline(corpus_specs, lanes=2, ops=[("pack_flat", {"max_length": 64})])

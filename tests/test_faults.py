@@ -104,9 +104,9 @@ class Reference:
 
 def reference_run(config: Path) -> Reference:
     """Run ``config`` inline, as the wire would carry it (``batch_to_proto``)."""
+    from wire_oracle import batch_to_proto
     from zephon_server.engine.config import load_config
     from zephon_server.engine.execution import ExecutionConfig
-    from zephon_server.service.wire import batch_to_proto
 
     pipeline, _ = load_config(config)
     run = pipeline.run(ExecutionConfig(runner="inline"))

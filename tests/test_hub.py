@@ -1,23 +1,23 @@
-"""LaneHub readers: what ``ready`` takes without waiting (the batches a BatchGroup carries).
+"""LaneHub readers and the message planner: the batches a BatchGroup carries.
 
-A reader's batches are the same whether taken one by one or several at a time: ``ready``
-takes only batches already produced, consecutive from the reader's position, within the
-count and byte budget asked, and leaves the rest to the next read.
+A reader's batches are the same whether taken one by one or several at a time: ``poll``
+takes only a batch already produced, ``linger`` waits for more; the planner groups the ones
+that are produced, consecutive from the reader's position, within the count the consumer
+takes, the byte budget and the send window, and leaves the rest to the next message.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
+from zephon_server.delivery.acks import AckWindow
+from zephon_server.delivery.hub import EndOfLane, LaneHub
+from zephon_server.delivery.message_planner import Batches, Ended, MessagePlanner, MessagePolicy
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.hub import EndOfLane, LaneHub, LaneReader
 from zephon_server.engine.pipeline import Pipeline
-
-
-def nbytes(batch) -> int:
-    return sum(arr.nbytes for arr in batch.tensors.values())
 
 
 @pytest.fixture(params=["inline", "threads"])
@@ -39,35 +39,88 @@ def seqs(items) -> list[int]:
     return [item.seq for item in items]
 
 
-def test_ready_takes_produced_batches_in_order_within_count_and_bytes(hub):
+def test_poll_takes_produced_batches_in_order(hub):
     whole = [b for b in hub.open(0, "one-by-one", 0) if not isinstance(b, EndOfLane)]
-    reader = hub.open(0, "grouped", 0)
-    first = next(reader)
-    taken = [first, *reader.ready(3)]
+    reader = hub.open(0, "polled", 0)
+    taken = [next(reader), *(reader.poll() for _ in range(3))]
     assert seqs(taken) == [0, 1, 2, 3]
-    budget = nbytes(whole[4]) + nbytes(whole[5])
-    pair = reader.ready(100, max_bytes=budget)
-    assert seqs(pair) == [4, 5]  # the 7th would pass the byte budget
-    assert reader.ready(5, max_bytes=0) == []  # nothing fits; nothing is skipped
     rest = [b for b in reader if not isinstance(b, EndOfLane)]
-    assert [b.chain_digest for b in [*taken, *pair, *rest]] == [b.chain_digest for b in whole]
+    assert [b.chain_digest for b in [*taken, *rest]] == [b.chain_digest for b in whole]
 
 
-def test_ready_never_waits_for_batches_not_produced(hub):
+def test_poll_never_waits_for_batches_not_produced(hub):
     total = len([b for b in hub.open(1, "all", 0) if not isinstance(b, EndOfLane)])
-    reader = hub.open(1, "grouped", 0)
+    reader = hub.open(1, "polled", 0)
     started = time.monotonic()
-    got = reader.ready(total + 10)
+    got = list(iter(reader.poll, None))
     assert seqs(got) == list(range(total))  # everything produced, then it stops
     assert time.monotonic() - started < 1.0
     assert isinstance(next(reader), EndOfLane)
 
 
-def test_a_stopped_hub_or_a_plain_reader_has_nothing_ready(hub):
+def test_a_stopped_hub_has_nothing_to_poll(hub):
     reader = hub.open(0, "c", 0)
     hub.stop()
-    assert reader.ready(4) == []
-    assert LaneReader(iter([])).ready(4) == []
+    assert reader.poll() is None
+
+
+def planner(hub, lane, *, per_message, window=100, group_max_bytes=16 << 20, linger=0.0):
+    reader = hub.open(lane, f"planned-{per_message}-{window}", 0)
+    policy = MessagePolicy(window, linger, 0, group_max_bytes=group_max_bytes)
+    acks = AckWindow(0)
+    draining = threading.Event()
+    return MessagePlanner(
+        reader,
+        acks,
+        policy,
+        lane=lane,
+        per_message=per_message,
+        shared_memory=False,
+        draining=draining,
+    )
+
+
+def test_messages_group_produced_batches_within_count_and_bytes(hub):
+    """The planner takes only batches already produced, consecutive, within the count the
+    consumer takes and the byte budget; the batch that does not fit starts the next message."""
+    whole = [b for b in hub.open(0, "one-by-one", 0) if not isinstance(b, EndOfLane)]
+    budget = whole[4].nbytes + whole[5].nbytes
+    plan = planner(hub, 0, per_message=4, group_max_bytes=budget)
+    groups = []
+    for message in plan.messages(lambda: True):
+        if isinstance(message, Ended):
+            break
+        assert isinstance(message, Batches) and message.ring_offsets is None
+        groups.append(list(message.batches))
+    assert [b.chain_digest for g in groups for b in g] == [b.chain_digest for b in whole]
+    for group in groups:
+        assert len(group) <= 4
+        assert len(group) == 1 or sum(b.nbytes for b in group) <= budget
+    assert max(len(g) for g in groups) > 1
+
+
+def test_a_batch_past_the_byte_budget_starts_the_next_message(hub):
+    whole = [b for b in hub.open(1, "one-by-one", 0) if not isinstance(b, EndOfLane)]
+    plan = planner(hub, 1, per_message=8, group_max_bytes=1)  # no second batch ever fits
+    got = []
+    for message in plan.messages(lambda: True):
+        if isinstance(message, Ended):
+            break
+        assert isinstance(message, Batches) and len(message.batches) == 1
+        got += message.batches
+    assert [b.chain_digest for b in got] == [b.chain_digest for b in whole]
+
+
+def test_messages_never_pass_the_send_window(hub):
+    """Without acknowledgements a stream sends ``window`` batches, then waits."""
+    plan = planner(hub, 1, per_message=4, window=5)
+    stop = time.monotonic() + 1.0
+    sent = []
+    for message in plan.messages(lambda: time.monotonic() < stop):
+        assert isinstance(message, Batches)
+        sent += seqs(message.batches)
+    assert sent == [0, 1, 2, 3, 4]
+    assert plan.acks.sent == 5
 
 
 @pytest.fixture
@@ -96,17 +149,16 @@ def stalled(hub, lane: int) -> int:
 
 
 def test_linger_waits_for_the_batches_asked_then_returns_them(gated_hub):
-    """``ready(n, linger=...)`` returns as soon as n batches exist: here the last two appear
+    """``linger(n, ...)`` returns as soon as n batches exist: here the last two appear
     only after an ack lets the gated producer on, well before the linger runs out."""
-    import threading
-
     reader = gated_hub.open(0, "c", 0)
     produced = stalled(gated_hub, 0)
     first = next(reader)
     threading.Timer(0.2, gated_hub.ack, (0, "c", produced)).start()
     started = time.monotonic()
-    got = reader.ready(produced + 1, linger=30.0)
+    reader.linger(produced + 1, 30.0)
     waited = time.monotonic() - started
+    got = [reader.poll() for _ in range(produced + 1)]
     assert seqs([first, *got]) == list(range(produced + 2))
     assert 0.15 < waited < 20, waited  # it waited for the ack, not for the whole linger
 
@@ -116,30 +168,32 @@ def test_linger_gives_up_at_its_deadline_with_what_is_ready(gated_hub):
     produced = stalled(gated_hub, 1)
     next(reader)
     started = time.monotonic()
-    got = reader.ready(produced + 3, linger=0.3)
+    reader.linger(produced + 3, 0.3)
     waited = time.monotonic() - started
+    got = list(iter(reader.poll, None))
     assert seqs(got) == list(range(1, produced))
     assert 0.25 < waited < 5, waited
-    assert reader.ready(5, linger=0.0) == []  # without linger it never waits
+    started = time.monotonic()
+    reader.linger(5, 0.0)  # without a linger it never waits
+    assert reader.poll() is None and time.monotonic() - started < 0.2
 
 
 def test_linger_stops_at_the_lane_end(hub):
     total = len([b for b in hub.open(1, "all", 0) if not isinstance(b, EndOfLane)])
     reader = hub.open(1, "grouped", 0)
     started = time.monotonic()
-    got = reader.ready(total + 10, linger=30.0)
-    assert seqs(got) == list(range(total))
+    reader.linger(total + 10, 30.0)
     assert time.monotonic() - started < 5
+    got = list(iter(reader.poll, None))
+    assert seqs(got) == list(range(total))
     assert isinstance(next(reader), EndOfLane)
 
 
 def test_linger_stops_when_the_consumer_closes(gated_hub):
-    import threading
-
     reader = gated_hub.open(0, "c", 0)
     produced = stalled(gated_hub, 0)
     next(reader)
     threading.Timer(0.2, gated_hub.close_consumer, (0, "c")).start()
     started = time.monotonic()
-    reader.ready(produced + 3, linger=30.0)
+    reader.linger(produced + 3, 30.0)
     assert 0.15 < time.monotonic() - started < 10

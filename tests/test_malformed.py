@@ -9,8 +9,8 @@ import pytest
 from zephon_server.engine.datasets import DatasetSpec
 from zephon_server.engine.errors import DataError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 
 GOOD = [b'{"text": "good record number %d"}' % i for i in range(20)]
 BAD = {
@@ -56,7 +56,7 @@ def test_skip_policy_counts_and_closes_with_tombstones(bad_shard, runner):
     run = pipeline(bad_shard, "skip").run(ExecutionConfig(runner=runner, workers=2))
     rows, tombstones = Counter(), Counter()
     for item in run:
-        if isinstance(item, SampleBatch):
+        if isinstance(item, NumberedBatch):
             rows.update(span.doc.row for meta in item.rows for span in meta.spans)
             tombstones.update((m.doc.row, m.tombstone) for m in item.tombstones)
     for log in run.logs.values():

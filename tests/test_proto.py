@@ -187,3 +187,61 @@ def test_oneofs():
     assert oneof("StreamBatchesResponse", "kind") == {"batch", "end", "batches", "ring"}
     assert oneof("ResumeRequest", "source") == {"checkpoint_id", "state"}
     assert pb.DESCRIPTOR.package == "zephon.v1"
+
+
+def unencoded_fields(file_descriptor) -> list[str]:
+    """Fields of the messages the hand encoder writes that its field table does not cover
+    (or covers with another number or wire type), and messages it reaches without a table."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    from zephon_server.service import encoding
+
+    problems = []
+    for message, fields in encoding.FIELDS.items():
+        desc = file_descriptor.message_types_by_name[message]
+        declared = {f.name: f for f in desc.fields}
+        written = set(fields) | set(encoding.BUILT_WITH_PROTOBUF.get(message, ()))
+        problems += [f"{message}.{name}" for name in sorted(set(declared) - written)]
+        for name, (number, wire_type) in fields.items():
+            f = declared.get(name)
+            length = f is not None and (
+                f.type in (F.TYPE_MESSAGE, F.TYPE_BYTES, F.TYPE_STRING) or f.is_repeated
+            )
+            if f is None or f.number != number or wire_type != (encoding.LEN if length else 0):
+                problems.append(f"{message}.{name} (number or wire type)")
+        for f in desc.fields:
+            nested = f.message_type
+            if f.name in fields and nested is not None and nested.name not in encoding.FIELDS:
+                problems.append(f"{f.message_type.name} (message without a field table)")
+    return problems
+
+
+def test_the_hand_encoder_writes_every_field_of_its_messages():
+    """service/encoding.py writes batches by hand: a field added to one of its messages in the
+    .proto must fail here instead of being dropped from every message silently."""
+    from zephon_proto.v1 import data_service_pb2 as pb
+
+    assert unencoded_fields(pb.DESCRIPTOR) == []
+
+
+def test_a_field_added_to_the_proto_is_caught():
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    from zephon_proto.v1 import data_service_pb2 as pb
+
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto()
+    pb.DESCRIPTOR.CopyToProto(proto)
+    proto.name = "zephon_test/grown.proto"
+    proto.package = "zephon.grown"
+    del proto.service[:]  # messages only
+    for message in proto.message_type:
+        for field in message.field:  # point the copied type names at the copied package
+            if field.HasField("type_name"):
+                field.type_name = field.type_name.replace(".zephon.v1.", ".zephon.grown.")
+        if message.name == "SampleBatch":
+            message.field.add(name="weights", number=8, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
+        if message.name == "Tensor":
+            message.field.add(name="stride", number=6, type=F.TYPE_UINT64, label=F.LABEL_OPTIONAL)
+    grown = descriptor_pool.DescriptorPool().Add(proto)
+    assert unencoded_fields(grown) == ["SampleBatch.weights", "Tensor.stride"]

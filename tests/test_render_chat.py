@@ -26,8 +26,9 @@ from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
 from zephon_server.engine.errors import ConfigError, DataError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.ops.render_chat import RenderChat, token_mask
-from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, SampleRecord
+from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -363,7 +364,7 @@ def test_bad_records_are_skipped_and_counted_with_their_reasons(tmp_path, tok_di
     rows: set[int] = set()
     tombstones: Counter = Counter()
     for item in run:
-        if isinstance(item, SampleBatch):
+        if isinstance(item, NumberedBatch):
             rows.update(m.doc.row for m in item.rows)
             tombstones.update((m.doc.row, m.tombstone) for m in item.tombstones)
             assert item.tensors["loss_mask"].dtype == np.uint8

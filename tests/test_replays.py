@@ -30,10 +30,10 @@ from service_helpers import (
     write_config,
 )
 from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_server.delivery.hub import LaneHub
 from zephon_server.engine.config import load_config
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.hub import LaneHub
-from zephon_server.engine.records import SampleBatch
+from zephon_server.engine.numbered_batch import NumberedBatch
 
 READ_FIRST = 300  # batches of lane 0 read (and acknowledged) before the replays
 KEEP = 64  # consumed batches the server keeps (LaneHub.keep_consumed)
@@ -258,7 +258,7 @@ def test_a_replay_reader_moves_to_the_live_log_and_the_replay_ends(setup):
         got = []
         for seq in range(start, READ_FIRST + 5):
             item = next(late)
-            assert isinstance(item, SampleBatch) and item.seq == seq
+            assert isinstance(item, NumberedBatch) and item.seq == seq
             got.append(item.chain_digest.hex())
             hub.ack(0, "late", seq + 1)
             if seq == READ_FIRST - 10:  # the live log holds these: it reads from there

@@ -10,8 +10,8 @@ from helpers import lane_chains
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.corpus import sample_corpus_specs, write_sample_corpus
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 
 SHUFFLES = ["streaming", "block", "block_warmup"]
 
@@ -76,7 +76,7 @@ def test_resume_after_stalled_sentinel_and_cross_epoch_batch(small_specs):
     pipe = Pipeline(small_specs, seed=2, lanes=2, chunk_size=5, flush_every_k_chunks=1)
     pipe.decode_text().tokenize().batch(microbatch_size=3)
     run = pipe.run(ExecutionConfig(runner="inline"))
-    batches = [b for b in run if isinstance(b, SampleBatch)]
+    batches = [b for b in run if isinstance(b, NumberedBatch)]
     lane0 = [b for b in batches if b.lane_id == 0]
     cuts = [b.seq + 1 for b in lane0 if cross_epoch(b, 1)]
     assert cuts, "expected cross-epoch batches"
@@ -132,7 +132,7 @@ def test_elastic_4_to_2_to_8_ranks(small_specs):
             run = pipe.run(ExecutionConfig(runner="threads", workers=2), lanes=lanes, resume=state)
             counts = dict.fromkeys(lanes, 0)
             for item in run:
-                if not isinstance(item, SampleBatch):
+                if not isinstance(item, NumberedBatch):
                     continue
                 if take is not None and counts[item.lane_id] >= take:
                     continue  # not consumed: produced ahead of the trainer

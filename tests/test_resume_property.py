@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from zephon_server.engine.checkpoint import ResumeState
 from zephon_server.engine.corpus import sample_corpus_specs, write_sample_corpus
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 
 _SPECS: list = []
 
@@ -39,7 +39,7 @@ def consume(run, take):
     """Up to ``take`` batches per lane (all when None); returns {lane: [chain]}."""
     out: dict[int, list] = {lane: [] for lane in run.lanes}
     for item in run:
-        if isinstance(item, SampleBatch) and (take is None or len(out[item.lane_id]) < take):
+        if isinstance(item, NumberedBatch) and (take is None or len(out[item.lane_id]) < take):
             out[item.lane_id].append(item.chain_digest)
             if take is not None and all(len(v) >= take for v in out.values()):
                 break

@@ -15,8 +15,8 @@ import pytest
 from conftest import make_pipeline
 from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.ops.base import Operator, OpTraits
-from zephon_server.engine.records import SampleBatch
 from zephon_server.runtime import ARENA_MAX, RuntimeConfig, from_environ, gc_policy
 
 
@@ -44,7 +44,7 @@ class Probe(Operator):
 def chains(pipe, execution: ExecutionConfig) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for item in pipe.run(execution):
-        if isinstance(item, SampleBatch):
+        if isinstance(item, NumberedBatch):
             out.setdefault(item.lane_id, []).append(item.chain_digest.hex())
     return out
 

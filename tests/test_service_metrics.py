@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 from infra import free_port, prometheus_available, start_prometheus
 from service_helpers import read_lane, server, write_config
 from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_server.delivery.hub import LaneHub
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.hub import LaneHub
 from zephon_server.engine.ops.base import Operator, OpTraits
 
 pytestmark = pytest.mark.service
@@ -109,8 +109,8 @@ class MaskCheck(Operator):
 def test_dataset_tokens_loss_tokens_and_mask_errors_with_injected_registry(corpus_specs):
     from loss_masks import sometimes_empty_mask
 
+    from zephon_server.engine.numbered_batch import NumberedBatch
     from zephon_server.engine.pipeline import Pipeline
-    from zephon_server.engine.records import SampleBatch
     from zephon_server.service.metrics import ServiceMetrics
 
     pipe = Pipeline(corpus_specs, lanes=2, chunk_size=8, flush_every_k_chunks=2)
@@ -127,7 +127,7 @@ def test_dataset_tokens_loss_tokens_and_mask_errors_with_injected_registry(corpu
     try:
         for lane in range(2):
             for item in hub.open(lane, "c", 0):
-                if not isinstance(item, SampleBatch):
+                if not isinstance(item, NumberedBatch):
                     break
                 for i, meta in enumerate(item.rows):
                     name = names[meta.dataset_id]

@@ -34,8 +34,8 @@ from zephon_server.engine.manifest import (
     manifest_dir,
     save_manifest,
 )
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 from zephon_server.engine.shards import ShardCache
 
 pytestmark = pytest.mark.timeout(60)
@@ -76,10 +76,10 @@ def rewrite_same_size(path: Path) -> None:
     assert path.stat().st_size == before.st_size and path.stat().st_ino == before.st_ino
 
 
-def take(run, n: int) -> list[SampleBatch]:
-    out: list[SampleBatch] = []
+def take(run, n: int) -> list[NumberedBatch]:
+    out: list[NumberedBatch] = []
     for item in run:
-        if isinstance(item, SampleBatch):
+        if isinstance(item, NumberedBatch):
             out.append(item)
             if len(out) == n:
                 break

@@ -33,7 +33,7 @@ from zephon_client import DataClient
 from zephon_client.ring import open_ring
 from zephon_client.wire import CHAIN_SEED, WireError, decode_batch, verify
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_server.service.ring import PREFIX, SHM_DIR, Ring, RingSpace, sweep_stale
+from zephon_server.delivery.ring import PREFIX, SHM_DIR, Ring, RingSpace, sweep_stale
 
 pytestmark = pytest.mark.service
 
@@ -147,7 +147,7 @@ def test_a_declined_ring_gives_its_memory_back_at_once():
     ring = Ring.create(0, 64 << 20)
     assert ring is not None
     assert before - shm_free() >= 60 << 20
-    ring.answer(pb.RingReply(accepted=False, reason="test"))
+    ring.answer(False, "test")
     assert not ring.path.exists() and before - shm_free() < 4 << 20
     assert ring.place([], 0) is None  # never used once declined
     ring.close()  # and closing again is harmless
@@ -168,7 +168,7 @@ def test_rings_leave_half_of_dev_shm_to_others(monkeypatch, caplog):
     assert ring is not None
     ring.close()
     monkeypatch.setattr(os, "statvfs", lambda path: small(path, 36))
-    with caplog.at_level("INFO", logger="zephon_server.service.ring"):
+    with caplog.at_level("INFO", logger="zephon_server.delivery.ring"):
         assert Ring.create(1, 7 << 20) is None
     assert "--shm-size" in caplog.text and "half" in caplog.text
 

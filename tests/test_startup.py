@@ -43,13 +43,13 @@ def state_of(cfg: Path, batches: int = 2, key=None) -> bytes:
     """Checkpoint bytes of ``cfg`` after ``batches`` batches (inline run, no server)."""
     from zephon_server.engine.config import load_config
     from zephon_server.engine.execution import ExecutionConfig
-    from zephon_server.engine.records import SampleBatch
+    from zephon_server.engine.numbered_batch import NumberedBatch
 
     pipeline, _ = load_config(cfg)
     run = pipeline.run(ExecutionConfig(runner="inline"))
     n = 0
     for item in run:
-        n += isinstance(item, SampleBatch)
+        n += isinstance(item, NumberedBatch)
         if n >= batches:
             break
     run.close()

@@ -9,8 +9,8 @@ from tokenizers import Tokenizer as RawTokenizer
 
 from zephon_server.engine.corpus import generate_code, generate_texts
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
-from zephon_server.engine.records import SampleBatch
 from zephon_server.engine.tokenizer import ByteTokenizer, load_tokenizer, train_bpe_tokenizer
 
 TEXTS = ["Hello world.", "", "naïve café — ünïcode ✓", "tabs\tand\nnewlines  ", "x" * 300]
@@ -51,7 +51,7 @@ def bpe_pipeline(specs, tokenizer):
 def chains(run):
     out: dict[int, list[str]] = {}
     for item in run:
-        if isinstance(item, SampleBatch):
+        if isinstance(item, NumberedBatch):
             out.setdefault(item.lane_id, []).append(item.chain_digest.hex())
     return out
 

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import numpy as np
 import pytest
 
 from conftest import make_pipeline
+from wire_oracle import batch_response, batch_to_proto
 from zephon_client import wire as cw
 from zephon_client.tail import end_line
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_server.engine import digest
 from zephon_server.engine.errors import ZephonError
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.records import DocRef, SampleBatch, SampleMeta, Span
 from zephon_server.service import wire as sw
 from zephon_server.service.encoding import (
@@ -22,6 +24,7 @@ from zephon_server.service.encoding import (
     encode_group_response,
     varint,
 )
+from zephon_wire import CHAIN_SEED, content_digest
 
 DTYPES = ["int32", "int64", "uint16", "uint32", "float32", "bool", "uint8"]
 
@@ -45,7 +48,7 @@ def sample_tensors(rows: int = 2, length: int = 5, seed: int = 0) -> dict[str, n
 
 def engine_batch(
     tensors: dict[str, np.ndarray], *, lane: int = 3, seq: int = 0, previous: bytes = b""
-) -> SampleBatch:
+) -> NumberedBatch:
     """A batch with two rows (the first packs two documents) and one tombstone."""
     d0, d1, d2, d3 = (DocRef(1, 2, 10 + i, i % 2) for i in range(4))
     rows = (
@@ -53,17 +56,15 @@ def engine_batch(
         SampleMeta(lane, (0, 1), 1, d2, (d1, d2), spans=(Span(d2, 7, 5),)),
     )
     tombstones = (SampleMeta(lane, (0, 2), 1, d3, (d3,), tombstone="malformed"),)
-    batch = SampleBatch(lane, tensors, rows, tombstones)
-    batch.seq = seq
-    batch.digest = digest.content_digest(tensors)
-    batch.chain_digest = digest.chain_digest(previous or digest.CHAIN_SEED, batch.digest)
-    return batch
+    return NumberedBatch.number(
+        SampleBatch(lane, tensors, rows, tombstones), seq, previous or CHAIN_SEED
+    )
 
 
-def through_the_wire(batch: SampleBatch) -> cw.DecodedBatch:
+def through_the_wire(batch: NumberedBatch) -> cw.DecodedBatch:
     """The batch as the service sends it (hand-encoded bytes), decoded by the client."""
     data = encode_batch_response(batch)
-    assert data == sw.batch_response(batch).SerializeToString()
+    assert data == batch_response(batch).SerializeToString()
     response = pb.StreamBatchesResponse.FromString(data)
     assert response.WhichOneof("kind") == "batch"
     return cw.decode_batch(response.batch)
@@ -81,7 +82,7 @@ def test_round_trip_every_dtype():
         np.testing.assert_array_equal(got.tensors[name], arr)
     assert got.digest == batch.digest
     assert got.chain_digest == batch.chain_digest
-    cw.verify(got, digest.CHAIN_SEED)
+    cw.verify(got, CHAIN_SEED)
 
 
 def test_tensors_go_out_in_name_order_as_raw_bytes():
@@ -89,7 +90,7 @@ def test_tensors_go_out_in_name_order_as_raw_bytes():
         "zeta": np.arange(3, dtype=np.int32),
         "alpha": np.ones((2, 2), dtype=np.uint8),
     }
-    msg = sw.batch_to_proto(engine_batch(tensors))
+    msg = batch_to_proto(engine_batch(tensors))
     assert [t.name for t in msg.tensors] == ["alpha", "zeta"]
     zeta = msg.tensors[1]
     assert zeta.dtype == pb.DTYPE_INT32
@@ -98,7 +99,7 @@ def test_tensors_go_out_in_name_order_as_raw_bytes():
 
 
 def test_decoded_arrays_share_the_message_bytes():
-    msg = sw.batch_to_proto(engine_batch({"input_ids": np.arange(8, dtype=np.int32)}))
+    msg = batch_to_proto(engine_batch({"input_ids": np.arange(8, dtype=np.int32)}))
     arr = cw.decode_batch(msg).tensors["input_ids"]
     assert not arr.flags.writeable
     assert not arr.flags.owndata
@@ -120,7 +121,7 @@ def test_rows_and_closed_documents():
 
 
 def test_rows_and_closed_are_decoded_on_first_read_from_the_batch_alone():
-    msg = sw.batch_to_proto(engine_batch(sample_tensors()))
+    msg = batch_to_proto(engine_batch(sample_tensors()))
     expected_rows = [[s.row for s in row.segments] for row in msg.rows]
     expected_closed = [(c.row, c.tombstone) for c in msg.closed]
     batch = cw.decode_batch(msg)
@@ -135,15 +136,16 @@ def test_rows_and_closed_are_decoded_on_first_read_from_the_batch_alone():
 
 
 @pytest.mark.parametrize("name", DTYPES)
-def test_client_digest_equals_engine_digest(name):
+def test_digest_survives_the_wire(name):
+    """The client recomputes the server's digest from the tensors it decoded."""
     tensors = sample_tensors(rows=3, length=4, seed=1)
     single = {"x": tensors[f"t_{name}"]}
-    assert cw.content_digest(single) == digest.content_digest(single)
+    assert cw.content_digest is content_digest  # one definition (zephon_wire)
     decoded = through_the_wire(engine_batch(single)).tensors
-    assert cw.content_digest(decoded) == digest.content_digest(single)
+    assert content_digest(decoded) == content_digest(single)
 
 
-def test_client_digest_equals_engine_digest_for_odd_layouts():
+def test_digest_survives_the_wire_for_odd_layouts():
     base = np.arange(24, dtype=np.int64).reshape(4, 6)
     cases = {
         "big_endian": base.astype(">i8"),
@@ -154,12 +156,10 @@ def test_client_digest_equals_engine_digest_for_odd_layouts():
     }
     for name, arr in cases.items():
         single = {name: arr}
-        assert cw.content_digest(single) == digest.content_digest(single), name
         decoded = through_the_wire(engine_batch(single)).tensors[name]
         np.testing.assert_array_equal(decoded, arr)
-        assert cw.content_digest({name: decoded}) == digest.content_digest(single), name
-    assert cw.content_digest(cases) == digest.content_digest(cases)
-    assert cw.CHAIN_SEED == digest.CHAIN_SEED == bytes(32)
+        assert content_digest({name: decoded}) == content_digest(single), name
+    assert cw.CHAIN_SEED == CHAIN_SEED == bytes(32)
 
 
 def test_big_endian_arrays_are_sent_little_endian():
@@ -169,7 +169,7 @@ def test_big_endian_arrays_are_sent_little_endian():
         "f32": (values / 2).astype(">f4"),
         "u16": np.arange(6, dtype=">u2"),
     }
-    msg = sw.batch_to_proto(engine_batch(tensors))
+    msg = batch_to_proto(engine_batch(tensors))
     data = {t.name: t.data for t in msg.tensors}
     assert data["i32"] == values.astype("<i4").tobytes()
     assert data["f32"] == (values / 2).astype("<f4").tobytes()
@@ -178,11 +178,11 @@ def test_big_endian_arrays_are_sent_little_endian():
     for name, arr in tensors.items():
         assert got.tensors[name].dtype.byteorder in ("<", "=")
         np.testing.assert_array_equal(got.tensors[name], arr)
-    cw.verify(got, digest.CHAIN_SEED)
+    cw.verify(got, CHAIN_SEED)
 
 
 def lane_of_batches(n: int = 4) -> list[cw.DecodedBatch]:
-    out, chain = [], digest.CHAIN_SEED
+    out, chain = [], CHAIN_SEED
     for seq in range(n):
         batch = engine_batch(sample_tensors(seed=seq), seq=seq, previous=chain)
         chain = batch.chain_digest
@@ -235,26 +235,39 @@ def test_chain_verification_fails_when_tensor_names_swap():
 @pytest.mark.parametrize("dtype", ["float64", "float16", "int16", "int8", "complex64", "U3"])
 def test_unsupported_dtype_names_tensor_and_dtype(dtype):
     tensors = {"input_ids": np.zeros(3, dtype=np.int32), "weird": np.zeros(3, dtype=dtype)}
-    batch = engine_batch({"input_ids": tensors["input_ids"]})
-    batch.tensors = tensors
-    for encode in (sw.batch_to_proto, encode_batch_response):
+    batch = engine_batch(tensors)
+    for encode in (batch_to_proto, encode_batch_response):
         with pytest.raises(sw.WireError, match=rf"tensor 'weird' has dtype {np.dtype(dtype)}"):
             encode(batch)
     assert issubclass(sw.WireError, ZephonError)
 
 
-def test_unnumbered_or_undigested_batches_are_refused():
-    batch = engine_batch({"input_ids": np.zeros(3, dtype=np.int32)})
-    for encode in (sw.batch_to_proto, encode_batch_response):
-        batch.seq, batch.chain_digest = -1, bytes(32)
-        with pytest.raises(sw.WireError, match="no seq"):
-            encode(batch)
-        batch.seq, batch.chain_digest = 4, b""
-        with pytest.raises(sw.WireError, match="seq 4: chain_digest has 0 bytes"):
-            encode(batch)
+def test_batches_cannot_exist_unnumbered_or_undigested():
+    """A numbered batch is built once with seq and digests: the encoder never sees one
+    without (the check it used to make is the constructor's)."""
+    good = engine_batch({"input_ids": np.zeros(3, dtype=np.int32)}, seq=4)
+    assert good.seq == 4 and len(good.digest) == len(good.chain_digest) == 32
+    with pytest.raises(ValueError, match="seq must be >= 0, got -1"):
+        dataclasses.replace(good, seq=-1)
+    with pytest.raises(ValueError, match="chain_digest of lane 3 seq 4 has 0 bytes"):
+        dataclasses.replace(good, chain_digest=b"")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        good.seq = 5  # type: ignore[misc]
 
 
-def _batch_of_every_shape() -> list[SampleBatch]:
+def test_the_wire_view_is_made_once_and_shared():
+    """Digest, size, encoder and ring read the batch's one wire view."""
+    tensors = {"zeta": np.arange(6, dtype=">i4"), "alpha": np.ones((2, 3), dtype=np.uint8)}
+    batch = engine_batch(tensors)
+    assert [name for name, _ in batch.wire] == ["alpha", "zeta"]
+    assert batch.wire[1][1].dtype == np.dtype("<i4")
+    assert batch.nbytes == 6 + 24
+    assert batch.digest == content_digest(tensors)
+    data = encode_batch_response(batch)
+    assert batch.wire[1][1].tobytes() in data
+
+
+def _batch_of_every_shape() -> list[NumberedBatch]:
     """Batches that exercise each encoding rule: zero (omitted) and multi-byte varints, empty
     rows and tensors, tombstones with and without a reason, every dtype and odd layouts."""
     big = DocRef(7, 300, 2**40 + 5, 130)
@@ -276,10 +289,7 @@ def _batch_of_every_shape() -> list[SampleBatch]:
         SampleMeta(300, (0, 2), 1, big, (big,), tombstone="malformed: é"),
         SampleMeta(300, (0, 3), 1, zero, (zero, big), tombstone=""),
     )
-    batch = SampleBatch(300, odd, rows, tombstones)
-    batch.seq, batch.digest = 127, digest.content_digest(odd)
-    batch.chain_digest = digest.chain_digest(digest.CHAIN_SEED, batch.digest)
-    out.append(batch)
+    out.append(NumberedBatch.number(SampleBatch(300, odd, rows, tombstones), 127, CHAIN_SEED))
     return out
 
 
@@ -287,7 +297,7 @@ def test_hand_encoded_batches_are_byte_identical_to_protobuf():
     """The service sends encode_batch_response's bytes; a client must not tell them from
     protobuf's serialization of the same message."""
     for batch in _batch_of_every_shape():
-        assert encode_batch_response(batch) == sw.batch_response(batch).SerializeToString()
+        assert encode_batch_response(batch) == batch_response(batch).SerializeToString()
     for value in (0, 1, 127, 128, 300, 2**32, 2**63):
         field = pb.Ack(next_seq=value).SerializeToString()
         assert varint(value) == (field[1:] if value else b"\x00")
@@ -301,7 +311,7 @@ def test_hand_encoded_batch_groups_are_byte_identical_to_protobuf():
     batches = _batch_of_every_shape()
     for group in (batches, batches[:1], batches[1:3]):
         message = pb.StreamBatchesResponse(
-            batches=pb.BatchGroup(batches=[sw.batch_to_proto(b) for b in group])
+            batches=pb.BatchGroup(batches=[batch_to_proto(b) for b in group])
         )
         assert encode_group_response(group) == message.SerializeToString()
     with pytest.raises(sw.WireError, match="at least one batch"):

@@ -13,9 +13,7 @@ import mmap
 import os
 
 from zephon_proto.v1 import data_service_pb2 as pb
-
-RING_DIR = "/dev/shm/"
-RING_PREFIX = "zephon-ring-"
+from zephon_wire import RING_DIR, RING_PREFIX
 
 
 def open_ring(offer: pb.RingOffer) -> tuple[mmap.mmap | None, str]:

@@ -7,42 +7,41 @@ Every batch carries a content digest and a per-lane chain digest. :func:`verify`
 both from the received tensors so a trainer can prove that the stream it read (across
 reconnects and resumes) is the uninterrupted one:
 
-* ``content = sha256(for each tensor in name order: name, dtype, shape, raw bytes)``, each
-  field prefixed with its length as a little-endian uint64; dtype is numpy's dtype string with
-  little-endian byte order (``"<i4"``, ``"|b1"``), shape the decimal dims joined by ``","``.
-* ``chain[k] = sha256(chain[k-1] || content[k])`` with ``chain[-1] = CHAIN_SEED``.
-
-This is the server's definition (``zephon_server.engine.digest``) re-implemented: the client
-never imports the server; a test pins the two together.
+``content = sha256(for each tensor in name order: name, dtype, shape, raw bytes)`` and
+``chain[k] = sha256(chain[k-1] || content[k])``: both are defined once, in :mod:`zephon_wire`
+(numpy and the standard library only), which the server uses too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import mmap
-import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_wire import CHAIN_SEED, DTYPES, chain_digest, content_digest
 
-CHAIN_SEED = bytes(32)
-"""The chain digest before a lane's first batch (seq 0)."""
-
-DTYPES: dict[int, np.dtype] = {
-    pb.DTYPE_INT32: np.dtype("<i4"),
-    pb.DTYPE_INT64: np.dtype("<i8"),
-    pb.DTYPE_UINT16: np.dtype("<u2"),
-    pb.DTYPE_UINT32: np.dtype("<u4"),
-    pb.DTYPE_FLOAT32: np.dtype("<f4"),
-    pb.DTYPE_BOOL: np.dtype("?"),
-    pb.DTYPE_UINT8: np.dtype("u1"),
-}
-"""Wire dtype → the little-endian numpy dtype its bytes decode as."""
+__all__ = [
+    "CHAIN_SEED",
+    "DTYPES",
+    "ChainMismatch",
+    "ClosedDocument",
+    "DecodedBatch",
+    "LaneEnd",
+    "Segment",
+    "WireError",
+    "chain_digest",
+    "content_digest",
+    "decode_batch",
+    "decode_closed",
+    "decode_end",
+    "decode_tensor",
+    "verify",
+]
 
 
 class WireError(ValueError):
@@ -246,27 +245,6 @@ def decode_end(lane: int, end: pb.EndOfStream) -> LaneEnd:
     return LaneEnd(lane, end.next_seq, end.chain_digest, decode_closed(end.closed))
 
 
-def content_digest(tensors: Mapping[str, np.ndarray]) -> bytes:
-    """sha256 over every tensor in name order: name, dtype, shape, little-endian bytes."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        arr = _wire_array(tensors[name])
-        dtype = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
-        _field(h, name.encode())
-        _field(h, dtype.str.encode())
-        _field(h, ",".join(str(d) for d in arr.shape).encode())
-        # The array's buffer in place (no copy): the same bytes as tobytes().
-        h.update(struct.pack("<Q", arr.nbytes))
-        if arr.size:
-            h.update(arr.reshape(-1).view(np.uint8).data)
-    return h.digest()
-
-
-def chain_digest(previous: bytes, content: bytes) -> bytes:
-    """The next link of a lane's chain: ``sha256(previous || content)``."""
-    return hashlib.sha256(previous + content).digest()
-
-
 def verify(batch: DecodedBatch, previous_chain: bytes) -> None:
     """Check a batch against its tensors and the lane's previous chain digest.
 
@@ -281,18 +259,6 @@ def verify(batch: DecodedBatch, previous_chain: bytes) -> None:
     chain = chain_digest(previous_chain, content)
     if chain != batch.chain_digest:
         raise ChainMismatch(batch.lane, batch.seq, "chain digest", chain, batch.chain_digest)
-
-
-def _wire_array(arr: np.ndarray) -> np.ndarray:
-    """The array as it travels: C-contiguous, little-endian."""
-    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(arr)
-
-
-def _field(h: hashlib._Hash, data: bytes) -> None:
-    h.update(struct.pack("<Q", len(data)))
-    h.update(data)
 
 
 def _dtype_name(value: int) -> str:

@@ -28,13 +28,13 @@ from .pipeline_flags import load_pipeline, pipeline_args, tuned_runtime
 from .stop_signals import StartupInterrupted, StopSignals
 
 if TYPE_CHECKING:
-    from .engine.records import SampleBatch
+    from .engine.numbered_batch import NumberedBatch
 
 log = logging.getLogger("zephon")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def batch_json(batch: SampleBatch) -> dict[str, Any]:
+def batch_json(batch: NumberedBatch) -> dict[str, Any]:
     """A JSON-able view of a batch (tensors as nested lists)."""
     return {
         "lane": batch.lane_id,
@@ -61,7 +61,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_dump(args: argparse.Namespace) -> int:
     """Run in-process and print the first N batches of each selected lane."""
-    from .engine.records import SampleBatch
+    from .engine.numbered_batch import NumberedBatch
     from .engine.run import PipelineRun
     from .serve_flags import checkpoint_key_from_args, parse_lanes
 
@@ -81,7 +81,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     open_lanes = set(run.lanes)
     out = sys.stdout
     for item in run:
-        if not isinstance(item, SampleBatch):
+        if not isinstance(item, NumberedBatch):
             open_lanes.discard(item.lane_id)
         elif counts[item.lane_id] < wanted:
             counts[item.lane_id] += 1

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .delivery.ring import DEFAULT_MAX_MIB
 from .engine.errors import ZephonError
 from .runtime import ALLOCATOR_CHOICES, RuntimeConfig, from_environ, gc_policy
 from .service.config import (
@@ -28,7 +29,6 @@ from .service.config import (
     check_number,
 )
 from .service.metrics_http import MetricsHTTPConfig, read_users
-from .service.ring import DEFAULT_MAX_MIB
 from .service.servicer import LINGER
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ lineage of a parent cursor, so they stay unique and ordered.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -144,15 +144,16 @@ class SampleRecord:
 
 
 class SampleBatch:
-    """A lane-pure group of rows as named tensors; the unit sent to trainers.
+    """A lane-pure group of rows as named tensors, as an operator makes it.
 
     ``rows`` holds the meta of every row in order (their cursors and spans), ``tombstones``
     the metas of records dropped since the previous batch of the lane, so every document's
-    closing is visible in the output. ``seq``, ``digest`` and ``chain_digest`` are assigned by
-    the lane output log, not by operators.
+    closing is visible in the output. The lane output log numbers it into a
+    :class:`~.numbered_batch.NumberedBatch` (seq, digests, wire view), the unit sent to
+    trainers.
     """
 
-    __slots__ = ("chain_digest", "digest", "lane_id", "rows", "seq", "tensors", "tombstones")
+    __slots__ = ("lane_id", "rows", "tensors", "tombstones")
 
     def __init__(
         self,
@@ -165,9 +166,6 @@ class SampleBatch:
         self.tensors = tensors
         self.rows = rows
         self.tombstones = tombstones
-        self.seq = -1
-        self.digest = b""
-        self.chain_digest = b""
 
     @property
     def cursor(self) -> Cursor:
@@ -188,19 +186,20 @@ class SampleBatch:
 
     def num_tokens(self) -> int:
         """Non-padding tokens in the batch."""
-        mask = self.tensors.get("padding_mask")
-        if mask is not None:
-            return int(np.count_nonzero(mask))
-        ids = self.tensors.get("input_ids")
-        return 0 if ids is None else int(ids.size)
-
-    def nbytes(self) -> int:
-        """Bytes of tensor data in the batch."""
-        return sum(arr.nbytes for arr in self.tensors.values())
+        return count_tokens(self.tensors)
 
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) for k, v in self.tensors.items()}
-        return f"SampleBatch(lane={self.lane_id}, seq={self.seq}, rows={len(self.rows)}, {shapes})"
+        return f"SampleBatch(lane={self.lane_id}, rows={len(self.rows)}, {shapes})"
+
+
+def count_tokens(tensors: Mapping[str, np.ndarray]) -> int:
+    """Non-padding tokens of a batch's tensors: ``padding_mask``'s ones, else every id."""
+    mask = tensors.get("padding_mask")
+    if mask is not None:
+        return int(np.count_nonzero(mask))
+    ids = tensors.get("input_ids")
+    return 0 if ids is None else int(ids.size)
 
 
 @dataclass(frozen=True, slots=True)

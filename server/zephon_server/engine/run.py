@@ -2,7 +2,7 @@
 
 :class:`PipelineRun` wires a :class:`LaneSource` through one runner per stage and numbers
 each lane's batches (``seq``), computing content and chain digests. Iterating it yields
-:class:`SampleBatch` objects (with rows) and one :class:`LaneEnd` per lane; the tombstones
+:class:`NumberedBatch` values (with rows) and one :class:`LaneEnd` per lane; the tombstones
 that reach the end of a lane without a batch are kept in ``lane_tail_tombstones``.
 """
 
@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_wire import CHAIN_SEED
+
 from .checkpoint import CheckpointError, IncompatibleCheckpoint, LaneState, ResumeState
-from .digest import CHAIN_SEED, chain_digest, content_digest
 from .errors import ConfigError
+from .numbered_batch import NumberedBatch
 from .ops.replay import REPLAY_CURSORS, ReplayFilterAccumulator
 from .planner import Plan
 from .records import Cursor, FlushSentinel, LaneEnd, SampleBatch, SampleMeta
@@ -96,12 +98,13 @@ class LaneLog:
         self.tail_tombstones: list[SampleMeta] = []
         self.ended = False
 
-    def add(self, batch: SampleBatch) -> None:
-        batch.seq = self.next_seq
-        batch.digest = content_digest(batch.tensors)
-        batch.chain_digest = self.chain = chain_digest(self.chain, batch.digest)
-        self.history.append((batch.seq, batch.rows[-1].cursor, batch.chain_digest))
+    def add(self, batch: SampleBatch) -> NumberedBatch:
+        """Number ``batch`` as the lane's next seq, chained to the previous one."""
+        numbered = NumberedBatch.number(batch, self.next_seq, self.chain)
+        self.chain = numbered.chain_digest
+        self.history.append((numbered.seq, batch.rows[-1].cursor, numbered.chain_digest))
         self.next_seq += 1
+        return numbered
 
     def cut(self, next_seq: int) -> tuple[Cursor | None, bytes] | None:
         """(replay cursor, chain) after batch ``next_seq - 1``; None if not retained."""
@@ -114,7 +117,7 @@ class LaneLog:
         return cursor, chain
 
 
-@dataclass
+@dataclass(frozen=True)
 class EndOfLane:
     """What a reader gets past a lane's last batch.
 
@@ -435,7 +438,7 @@ class PipelineRun:
             stream = runner.run(stream)
         return stream
 
-    def __iter__(self) -> Iterator[SampleBatch | LaneEnd]:
+    def __iter__(self) -> Iterator[NumberedBatch | LaneEnd]:
         stream = self._build()
         try:
             for items in stream:
@@ -450,11 +453,11 @@ class PipelineRun:
                                 count_batch_tokens(
                                     item, self.dataset_tokens, self.dataset_loss_tokens
                                 )
-                                log_.add(item)
+                                numbered = log_.add(item)
                             self._delivered_lanes.add(item.lane_id)
                             self.batches_out += 1
                             self.tokens_out += item.num_tokens()
-                            yield item
+                            yield numbered
                         else:
                             log_.tail_tombstones.extend(item.tombstones)
                     elif kind is FlushSentinel:
@@ -470,10 +473,10 @@ class PipelineRun:
         finally:
             self.close()
 
-    def batches(self) -> Iterator[SampleBatch]:
+    def batches(self) -> Iterator[NumberedBatch]:
         """Only the batches, in output order."""
         for item in self:
-            if type(item) is SampleBatch:
+            if type(item) is NumberedBatch:
                 yield item
 
     def close(self) -> None:

@@ -14,10 +14,13 @@ from collections import Counter
 
 import numpy as np
 
+from .numbered_batch import NumberedBatch
 from .records import SampleBatch
 
 
-def count_batch_tokens(batch: SampleBatch, tokens: Counter[int], loss_tokens: Counter[int]) -> None:
+def count_batch_tokens(
+    batch: SampleBatch | NumberedBatch, tokens: Counter[int], loss_tokens: Counter[int]
+) -> None:
     """Add ``batch``'s tokens and trained tokens per dataset index to the two counters."""
     mask = batch.tensors.get("loss_mask")
     if mask is None or mask.ndim != 2 or mask.shape[0] != len(batch.rows):

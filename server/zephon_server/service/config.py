@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..delivery.ring import DEFAULT_MAX_MIB
 from ..engine.checkpoint_key import CheckpointKey
 from ..engine.errors import ConfigError
 from ..runtime import RuntimeConfig
 from .metrics_http import MetricsHTTPConfig
-from .ring import DEFAULT_MAX_MIB
 from .servicer import LINGER
 
 DEFAULT_MAX_REPLAYS = 4

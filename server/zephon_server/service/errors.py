@@ -6,6 +6,7 @@ import logging
 
 import grpc
 
+from ..delivery.hub import BadLane, HubClosed, OutOfRange
 from ..engine.checkpoint import (
     CheckpointError,
     CheckpointNotSaved,
@@ -17,7 +18,6 @@ from ..engine.checkpoint import (
     UntrustedCheckpoint,
 )
 from ..engine.errors import ConfigError, ZephonError
-from ..engine.hub import BadLane, HubClosed, OutOfRange
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..engine.hub import LaneHub
-from ..engine.records import SampleBatch
+from ..delivery.hub import LaneHub
+from ..engine.numbered_batch import NumberedBatch
 from ..engine.replay_cache import ReplayCache
 from ..engine.storage.metrics import StorageStats, histogram, storage_stats
 from ..runtime.allocator import current_name
@@ -80,7 +80,7 @@ class ServiceMetrics:
         registry.register(StorageCollector())
 
     def sent(
-        self, message: bytes, batches: Sequence[SampleBatch], *, in_ring: bool = False
+        self, message: bytes, batches: Sequence[NumberedBatch], *, in_ring: bool = False
     ) -> bytes:
         """Count the batches about to be sent as ``message`` (their encoded response, with
         the tensor bytes in the stream's shared-memory ring when ``in_ring``); returns it."""
@@ -98,7 +98,7 @@ class ServiceMetrics:
             self.padding_sent.inc(padding)
         self.bytes_sent.inc(len(message))
         if in_ring:
-            self.ring_bytes.inc(sum(batch.nbytes() for batch in batches))
+            self.ring_bytes.inc(sum(batch.nbytes for batch in batches))
         return message
 
     def stream_opened(self) -> None:

@@ -29,6 +29,8 @@ from prometheus_client import CollectorRegistry
 
 from zephon_proto.v1 import data_service_pb2 as pb
 
+from ..delivery.hub import LaneHub
+from ..delivery.ring import sweep_stale
 from ..engine import shm_owner
 from ..engine.cache_budget import CacheBudget
 from ..engine.checkpoint import (
@@ -40,7 +42,6 @@ from ..engine.checkpoint import (
 )
 from ..engine.checkpoint_key import CheckpointKey
 from ..engine.errors import ZephonError
-from ..engine.hub import LaneHub
 from ..engine.replay_cache import ReplayCache
 from ..stop_signals import StopSignals
 from .auth import TokenAuthInterceptor
@@ -49,7 +50,6 @@ from .listen import check_tls_files, listen_problem
 from .malformed import MalformedRequestInterceptor
 from .metrics import ServiceMetrics
 from .metrics_http import MetricsHTTPServer, describe
-from .ring import sweep_stale
 from .servicer import DataService, add_to_server
 
 log = logging.getLogger("zephon.serve")

@@ -38,25 +38,26 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .checkpoint import (
+from ..engine.checkpoint import (
     CheckpointError,
     CheckpointStore,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     ResumeState,
 )
-from .checkpoint_key import CheckpointKey
-from .errors import ConfigError, ZephonError
-from .execution import ExecutionConfig
+from ..engine.checkpoint_key import CheckpointKey
+from ..engine.errors import ConfigError, ZephonError
+from ..engine.execution import ExecutionConfig
+from ..engine.manifest import ShardManifest, manifest_dir, save_manifest
+from ..engine.numbered_batch import NumberedBatch
+from ..engine.pipeline import Pipeline
+from ..engine.planner import Plan
+from ..engine.records import LaneEnd
+from ..engine.replay_cache import ReplayCache
+from ..engine.run import EndOfLane, PipelineRun
 from .lane_buffer import LaneBuffer
-from .manifest import ShardManifest, manifest_dir, save_manifest
-from .pipeline import Pipeline
-from .planner import Plan
-from .readers import HubReader, LaneReader
-from .records import LaneEnd, SampleBatch
-from .replay_cache import ReplayCache
+from .readers import LaneReader
 from .replays import ReplayLimit, ReplayPool, SharedReplay
-from .run import EndOfLane, PipelineRun
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +311,7 @@ class LaneHub:
                     if not self._current(generation):
                         return
                     st = self._state[item.lane_id]
-                    if isinstance(item, SampleBatch):
+                    if isinstance(item, NumberedBatch):
                         keep = self._keep(st, generation)
                         if keep is None:
                             return
@@ -470,7 +471,7 @@ class LaneHub:
                 st.consumers[consumer] = start_seq
             else:
                 self._join_replay(st, consumer, start_seq, start_seq)
-        return HubReader(self, lane, consumer, start_seq, generation)
+        return LaneReader(self, lane, consumer, start_seq, generation)
 
     def _join_replay(
         self, st: LaneBuffer, consumer: str, seq: int, acked: int, forced: bool = False

@@ -33,16 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
-from zephon_proto.v1 import data_service_pb2 as pb
+from zephon_wire import RING_DIR, RING_NONCE_SIZE, RING_PREFIX
 
-from ..engine.digest import wire_array
-from ..engine.records import SampleBatch
+from ..engine.numbered_batch import NumberedBatch
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = Path("/dev/shm")
-PREFIX = "zephon-ring-"
-NONCE_SIZE = 16
+SHM_DIR = Path(RING_DIR)
+PREFIX = RING_PREFIX
+NONCE_SIZE = RING_NONCE_SIZE
 MIN_SIZE = 1 << 20
 DEFAULT_MAX_MIB = 64
 """``--shm-ring-mib``: the largest ring a stream gets (0 turns rings off)."""
@@ -146,26 +145,21 @@ class Ring:
             )
             return None
 
-    def offer(self) -> pb.StreamBatchesResponse:
-        """The message that offers this ring to the client."""
-        return pb.StreamBatchesResponse(
-            ring=pb.RingOffer(path=str(self.path), size=self.size, nonce=self.nonce)
-        )
-
-    def answer(self, reply: pb.RingReply) -> None:
-        """The client's reply (from the stream's request reader): use the ring, or give its
-        memory back at once (:meth:`place` never touches a ring that was not accepted)."""
+    def answer(self, accepted: bool, reason: str = "") -> None:
+        """The client's reply to the offer (from the stream's request reader): use the ring,
+        or give its memory back at once (:meth:`place` never touches a ring that was not
+        accepted)."""
         with self._lock:
             self.answered = True
-            self.accepted = reply.accepted and not self._closed
+            self.accepted = accepted and not self._closed
             self._unlink()
             if not self.accepted:
                 self._unmap()
-        if not reply.accepted:
-            log.info("client declined the shared-memory ring: %s", reply.reason or "no reason")
+        if not accepted:
+            log.info("client declined the shared-memory ring: %s", reason or "no reason")
 
     def place(
-        self, batches: Sequence[SampleBatch], acknowledged: int
+        self, batches: Sequence[NumberedBatch], acknowledged: int
     ) -> list[dict[str, int]] | None:
         """Copy the tensors of ``batches`` into the ring; each batch's offsets by tensor name,
         or ``None`` (nothing written) when the client has not accepted the ring or it has no
@@ -173,15 +167,12 @@ class Ring:
         if not self.accepted:
             return None
         self._space.release(acknowledged)
-        arrays = [
-            [(name, wire_array(b.tensors[name])) for name in sorted(b.tensors)] for b in batches
-        ]
-        total = sum(arr.nbytes for tensors in arrays for _, arr in tensors)
+        total = sum(b.nbytes for b in batches)
         offset = self._space.allocate(total, batches[-1].seq + 1)
         if offset is None:
             return None
         out: list[dict[str, int]] = []
-        for tensors in arrays:
+        for tensors in (b.wire for b in batches):
             offsets = {}
             for name, arr in tensors:
                 offsets[name] = offset

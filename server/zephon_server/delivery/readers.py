@@ -12,39 +12,25 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..engine.numbered_batch import NumberedBatch
+from ..engine.run import EndOfLane
 from .lane_buffer import LaneBuffer
-from .records import SampleBatch
 from .replays import SharedReplay
-from .run import EndOfLane
 
 if TYPE_CHECKING:
     from .hub import LaneHub
 
 
-class LaneReader(Iterator["SampleBatch | EndOfLane"]):
+class LaneReader(Iterator["NumberedBatch | EndOfLane"]):
     """One consumer's stream of a lane (:meth:`LaneHub.open`): its batches in seq order, then
-    an :class:`EndOfLane`. Iterating blocks until the next item exists; :meth:`ready` takes
-    the batches that already do without waiting."""
+    an :class:`EndOfLane`; from the live log, or from a shared replay until the live log holds
+    its next seq again (then from the log).
 
-    def __init__(self, items: Iterator[SampleBatch | EndOfLane]) -> None:
-        self._items = items
-
-    def __next__(self) -> SampleBatch | EndOfLane:
-        return next(self._items)
-
-    def ready(
-        self, limit: int, max_bytes: int | None = None, linger: float = 0.0
-    ) -> list[SampleBatch]:
-        """Up to ``limit`` next batches that are produced already, while their tensors add up
-        to at most ``max_bytes``. With ``linger`` > 0 it first waits up to that many seconds
-        for ``limit`` batches to exist (less when the lane ends, the stream closes or the
-        run fails); otherwise it never waits."""
-        return []
-
-
-class HubReader(LaneReader):
-    """A consumer's stream: from the live log, or from a shared replay until the live log
-    holds its next seq again (then from the log)."""
+    Iterating blocks until the next item exists (the reader *waits for a seq* there);
+    :meth:`poll` takes the next batch only if it exists already, and :meth:`linger` waits for
+    more to exist. How many batches a message carries is not decided here but by the
+    stream's :class:`~.message_planner.MessagePlanner`.
+    """
 
     def __init__(self, hub: LaneHub, lane: int, consumer: str, seq: int, generation: int) -> None:
         self._hub = hub
@@ -67,7 +53,7 @@ class HubReader(LaneReader):
         for the producer, so a peer that reads a replay does not run away from a stuck one."""
         return self._seq >= st.position() + self._hub.limit
 
-    def __next__(self) -> SampleBatch | EndOfLane:
+    def __next__(self) -> NumberedBatch | EndOfLane:
         if self._done:
             raise StopIteration
         hub, lane = self._hub, self._lane
@@ -80,9 +66,9 @@ class HubReader(LaneReader):
                     self._done = True  # closed (the call was cancelled) while waiting
                     raise StopIteration
                 got = (replay or st).item(self._seq)
-                if replay is not None and isinstance(got, SampleBatch) and self._ahead(st):
+                if replay is not None and isinstance(got, NumberedBatch) and self._ahead(st):
                     got = None  # a replay keeps to the live log's bound too
-                if isinstance(got, SampleBatch):
+                if isinstance(got, NumberedBatch):
                     self._seq += 1
                     if replay is not None:
                         replay.took(self._consumer, self._seq)
@@ -99,32 +85,32 @@ class HubReader(LaneReader):
                 else:
                     hub._await_batch(st, hub._lane_conds[lane], 0.5)
 
-    def ready(
-        self, limit: int, max_bytes: int | None = None, linger: float = 0.0
-    ) -> list[SampleBatch]:
+    def poll(self) -> NumberedBatch | None:
+        """The next batch if it is produced already, else None; never waits. None too at the
+        lane's end, when the stream closed or the run failed: the next ``next()`` says which."""
         hub = self._hub
-        out: list[SampleBatch] = []
-        budget = float("inf") if max_bytes is None else max_bytes
         with hub._cond:
+            if self._done or hub._problem(self._generation) is not None:
+                return None
             st = hub._state[self._lane]
             replay = st.replaying.get(self._consumer)
-            if linger > 0 and replay is None:
-                self._linger(st, limit, time.monotonic() + linger)
-            if self._done or hub._problem(self._generation) is not None:
-                return out  # the next __next__ reports it
-            source = replay or st
-            while len(out) < limit:
-                batch = source.item(self._seq)
-                if not isinstance(batch, SampleBatch) or (replay is not None and self._ahead(st)):
-                    break
-                budget -= batch.nbytes()
-                if budget < 0:
-                    break
-                out.append(batch)
-                self._seq += 1
-            if replay is not None and out:
+            batch = (replay or st).item(self._seq)
+            if not isinstance(batch, NumberedBatch) or (replay is not None and self._ahead(st)):
+                return None
+            self._seq += 1
+            if replay is not None:
                 replay.took(self._consumer, self._seq)
-        return out
+            return batch
+
+    def linger(self, count: int, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds until ``count`` batches past this reader's position
+        exist (less when the lane ends, the stream closes or the run fails). A reader of a
+        replay does not wait: what the replay has is what it gets."""
+        hub = self._hub
+        with hub._cond:
+            st = hub._state[self._lane]
+            if st.replaying.get(self._consumer) is None:
+                self._linger(st, count, time.monotonic() + timeout)
 
     def _linger(self, st: LaneBuffer, count: int, deadline: float) -> None:
         """Wait (holding the hub's lock) until ``count`` batches past this reader's position

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .records import SampleBatch
+from ..engine.numbered_batch import NumberedBatch
+from ..engine.run import EndOfLane
 from .replays import SharedReplay
-from .run import EndOfLane
 
 
 @dataclass
@@ -23,7 +23,7 @@ class LaneBuffer:
 
     lane: int
     start_seq: int  # first seq this run can produce (resume position)
-    batches: deque[SampleBatch] = field(default_factory=deque)
+    batches: deque[NumberedBatch] = field(default_factory=deque)
     next_seq: int = 0  # next seq the producer will add
     end: EndOfLane | None = None
     consumers: dict[str, int] = field(default_factory=dict)  # consumer -> acked next_seq
@@ -57,7 +57,7 @@ class LaneBuffer:
         acked = [*self.consumers.values(), *self.replay_acked.values()]
         return min(acked) if acked else self.acked
 
-    def item(self, seq: int) -> SampleBatch | EndOfLane | None:
+    def item(self, seq: int) -> NumberedBatch | EndOfLane | None:
         """Batch ``seq`` from the log, the lane's end past its last batch, or None."""
         if self.first_seq <= seq < self.kept_end:
             return self.batches[seq - self.first_seq]

@@ -32,9 +32,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ConfigError, ZephonError
-from .records import LaneEnd, SampleBatch
-from .run import EndOfLane, PipelineRun
+from ..engine.errors import ConfigError, ZephonError
+from ..engine.numbered_batch import NumberedBatch
+from ..engine.records import LaneEnd
+from ..engine.run import EndOfLane, PipelineRun
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class SharedReplay:
         self.reached = boundary  # epoch boundary of the newest batch regenerated
         self.window = window
         self.cond = threading.Condition(lock)
-        self.batches: deque[SampleBatch] = deque()
+        self.batches: deque[NumberedBatch] = deque()
         self.next_seq = start_seq
         self.readers: dict[str, int] = {}
         self.end: EndOfLane | None = None
@@ -109,7 +110,7 @@ class SharedReplay:
         self.cond.notify_all()
         return self.closed
 
-    def item(self, seq: int) -> SampleBatch | EndOfLane | None:
+    def item(self, seq: int) -> NumberedBatch | EndOfLane | None:
         """Batch ``seq``, the lane's end past its last batch, or None (not regenerated yet)."""
         first = self.first_seq
         if first <= seq < self.next_seq:
@@ -175,7 +176,7 @@ class SharedReplay:
 
     def _accept(self, item: Any, run: PipelineRun) -> bool:
         """Add one item of the run (the lock is held); False when regeneration should stop."""
-        if isinstance(item, SampleBatch):
+        if isinstance(item, NumberedBatch):
             while not self.closed and item.seq - self._slowest() >= self.window:
                 self.cond.wait(0.5)  # the window is full: wait for the slowest reader
             if self.closed:
