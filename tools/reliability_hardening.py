@@ -105,7 +105,7 @@ def _refused_cell(line: str) -> str:
 
 
 def _compressed_shards(work: Path, short: Short) -> list[list[Any]]:
-    import test_shard_integrity as tsi
+    from tests.unit import test_shard_integrity as tsi
 
     data, gz = tsi.zst(), tsi.gz()
     frames = tsi.zst_frames(tsi.CONTENT, 4)
@@ -137,7 +137,7 @@ def _compressed_shards(work: Path, short: Short) -> list[list[Any]]:
 
 
 def _rewritten_shard(work: Path, short: Short) -> list[list[Any]]:
-    import test_shard_identity_service as tsis
+    from tests.reliability import test_shard_identity_service as tsis
 
     changed = tsis.make_changed(_dir(work / "identity"))
     res = tsis.run_resume_latest_onto_changed(changed)
@@ -164,7 +164,7 @@ def _rewritten_shard(work: Path, short: Short) -> list[list[Any]]:
 
 
 def _swapped_server(work: Path, corpus: Path, short: Short) -> list[list[Any]]:
-    import test_client_identity as tci
+    from tests.reliability import test_client_identity as tci
 
     pipelines = tci.make_pipelines(_dir(work / "swap"), corpus)
     rows = []
@@ -210,7 +210,7 @@ def silent_changes(rep: Report, work: Path, corpus: Path, short: Short) -> None:
 
 def refused_checkpoints(rep: Report, work: Path, setup: dict[str, Any], short: Short) -> str:
     """Add the table; returns the start-up error line for a checkpoint that is a directory."""
-    import test_startup as tst
+    from tests.reliability import test_startup as tst
 
     cfg, other, good = setup["cfg"], setup["other"], setup["good"]
     f = tst.run_every_checkpoint_refused(cfg, good, _dir(work / "all"))
@@ -251,7 +251,7 @@ def refused_checkpoints(rep: Report, work: Path, setup: dict[str, Any], short: S
 
 
 def _requests(work: Path, corpus: Path, short: Short) -> list[list[Any]]:
-    import test_request_limits as trl
+    from tests.reliability import test_request_limits as trl
 
     rows = []
     with trl.limited_server(_dir(work / "limits"), corpus) as limited:
@@ -273,7 +273,7 @@ def _requests(work: Path, corpus: Path, short: Short) -> list[list[Any]]:
 
 
 def _disk(work: Path, setup: dict[str, Any], short: Short) -> list[list[Any]]:
-    import test_disk_full as tdf
+    from tests.reliability import test_disk_full as tdf
 
     figures = tdf.run_fill_a_small_disk(setup["cfg"], setup["expected"], _dir(work / "disk"))
     size = tdf.DISK[:-1] + " " + {"k": "KiB", "m": "MiB"}[tdf.DISK[-1]]
@@ -305,8 +305,8 @@ MEMORY_DOC_MB = 50  # the issue's reproduction: 97,675 buffered batches and 1.9 
 
 
 def _memory(work: Path, corpus: Path) -> list[list[Any]]:
-    import test_memory_bound as tm
-    import test_replays as tr
+    from tests.reliability import test_memory_bound as tm
+    from tests.service import test_replays as tr
 
     huge = tm.make_huge_config(_dir(work / "memory" / "huge"), MEMORY_DOC_MB)
     acked = tm.run_never_acking(huge, _dir(work / "memory" / "never-acks"))
@@ -355,7 +355,7 @@ def bounds(rep: Report, work: Path, corpus: Path, setup: dict[str, Any], short: 
 
 
 def _bad_records(work: Path, corpus: Path) -> list[list[Any]]:
-    import test_bad_records as tbr
+    from tests.unit import test_bad_records as tbr
 
     f = tbr.run_bad_records_server(_dir(work / "records"), corpus)
     by_kind: dict[tuple[str, str], list[int]] = {}
@@ -376,7 +376,7 @@ def _bad_records(work: Path, corpus: Path) -> list[list[Any]]:
 
 
 def _start_up(work: Path, setup: dict[str, Any], short: Short) -> list[list[Any]]:
-    import test_startup as tst
+    from tests.reliability import test_startup as tst
 
     lines = {"`--resume` naming a checkpoint that is a directory": setup["directory_line"]}
     tls = tst.run_tls_key_of_another_certificate(setup["cfg"], _dir(work / "tls"))
@@ -399,9 +399,8 @@ def _start_up(work: Path, setup: dict[str, Any], short: Short) -> list[list[Any]
 
 
 def _kill_9(work: Path, corpus: Path) -> list[list[Any]]:
-    import test_crash_cleanup as tcc
-
-    from service_helpers import write_config
+    from tests.reliability import test_crash_cleanup as tcc
+    from zephon_testing.servers import write_config
 
     cfg = write_config(_dir(work / "endless") / "pipeline.yaml", corpus, exhaustion="repeat")
     k = tcc.run_sigkill_of_the_server(cfg, _dir(work / "kill"))
@@ -455,8 +454,8 @@ def crash_loops(rep: Report, work: Path, corpus: Path, setup: dict[str, Any], sh
 
 
 def metrics_endpoint(rep: Report, work: Path, short: Short) -> None:
-    import test_metrics_http as tmh
-    import test_security as ts
+    from tests.reliability import test_security as ts
+    from tests.service import test_metrics_http as tmh
 
     rows: list[list[Any]] = []
     for case, outcome in tmh.run_metrics_on_loopback_by_default(_dir(work / "bind")).items():
@@ -486,9 +485,8 @@ def metrics_endpoint(rep: Report, work: Path, short: Short) -> None:
 
 def hardening(rep: Report, work: Path, corpus: Path) -> None:
     """Run every hardening scenario under ``work`` over ``corpus``; add the section."""
-    import test_startup as tst
-
-    from service_helpers import dump_digests, write_config
+    from tests.reliability import test_startup as tst
+    from zephon_testing.servers import dump_digests, write_config
 
     work = _dir(work / "hardening")
     short = Short(work)

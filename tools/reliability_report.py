@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # for ``tests`` (until the scenarios move out)
 
 
 def _fmt_s(values: list[float]) -> str:
@@ -52,9 +52,8 @@ class Report:
 
 
 def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None:
-    import test_faults as tf
-
-    from service_helpers import dump_digests
+    from tests.reliability import test_faults as tf
+    from zephon_testing.servers import dump_digests
 
     cfg = tf.exact_config(work / "pipeline.yaml", corpus)
     ref = tf.reference_run(cfg)
@@ -247,7 +246,7 @@ def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None
 
 
 def load(rep: Report, work: Path, corpus: Path, long: bool) -> None:
-    import test_load as tl
+    from tests.reliability import test_load as tl
 
     f = tl.run_streams_load(corpus, work / "load", streams=64, hold_s=120.0 if long else 20.0)
     assert not f["errors"] and f["ended"] == 0
@@ -310,7 +309,7 @@ def load(rep: Report, work: Path, corpus: Path, long: bool) -> None:
 
 
 def bad_input(rep: Report, work: Path, corpus: Path, long: bool) -> None:
-    import test_bad_input as tb
+    from tests.reliability import test_bad_input as tb
 
     by_code: dict[str, int] = {}
     with tb.running_servers(work / "bad", corpus) as running:
@@ -375,9 +374,8 @@ def bad_input(rep: Report, work: Path, corpus: Path, long: bool) -> None:
 
 
 def security(rep: Report, work: Path, corpus: Path) -> None:
-    import test_security as ts
-
-    from service_helpers import write_config
+    from tests.reliability import test_security as ts
+    from zephon_testing.servers import write_config
 
     pki = ts.make_pki(work / "pki")
     cfg = write_config(work / "sec.yaml", corpus)

@@ -1,0 +1,189 @@
+"""The checked-in generated code matches ``proto/`` and the binding schema does not move."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GEN_SCRIPT = ROOT / "tools" / "gen_proto.py"
+CHECKED_IN = ROOT / "client"
+PACKAGE = CHECKED_IN / "zephon_proto"
+
+
+def pinned_grpcio_tools() -> str:
+    match = re.search(r'"grpcio-tools==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert match, "pyproject.toml must pin grpcio-tools==X in the dev extra"
+    return match.group(1)
+
+
+def test_generator_uses_the_pinned_grpcio_tools():
+    pinned = pinned_grpcio_tools()
+    text = GEN_SCRIPT.read_text()
+    assert f'PINNED_GRPCIO_TOOLS = "{pinned}"' in text, "tools/gen_proto.py and pyproject disagree"
+    installed = importlib.metadata.version("grpcio-tools")
+    assert installed == pinned, (
+        f"grpcio-tools {installed} is installed but the project pins {pinned}: "
+        "run `make install` (generated code depends on the protoc version)"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_generated_code_matches_the_proto(tmp_path):
+    """Regenerate with the same command as ``make proto`` and compare byte for byte."""
+    out = subprocess.run(
+        [sys.executable, str(GEN_SCRIPT), "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, f"tools/gen_proto.py failed:\n{out.stderr}"
+    fresh = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert fresh, "the generator wrote nothing"
+    checked_in = sorted(
+        str(p.relative_to(CHECKED_IN))
+        for p in PACKAGE.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+    assert checked_in == fresh, (
+        f"client/zephon_proto holds {checked_in} but the generator writes {fresh}: "
+        "run `make proto` (and delete stale files)"
+    )
+    drifted = [
+        rel for rel in fresh if (tmp_path / rel).read_bytes() != (CHECKED_IN / rel).read_bytes()
+    ]
+    assert not drifted, (
+        f"generated code is out of date with proto/ ({', '.join(drifted)}): run `make proto`"
+    )
+
+
+def test_generated_code_imports_without_path_tricks(tmp_path):
+    """Importable from anywhere through the installed package, with no PYTHONPATH help."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = (
+        "import zephon_proto.v1.data_service_pb2_grpc as g\n"
+        "assert g.DataServiceStub and g.DataServiceServicer\n"
+        "assert g.add_DataServiceServicer_to_server\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    grpc_module = (PACKAGE / "v1" / "data_service_pb2_grpc.py").read_text()
+    assert "from zephon_proto.v1 import data_service_pb2 " in grpc_module
+    assert "sys.path" not in grpc_module
+
+
+def test_service_methods():
+    from zephon_proto.v1 import data_service_pb2 as pb
+    from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
+
+    service = pb.DESCRIPTOR.services_by_name["DataService"]
+    assert service.full_name == "zephon.v1.DataService"
+    methods = {
+        m.name: (m.input_type.name, m.output_type.name, m.client_streaming, m.server_streaming)
+        for m in service.methods
+    }
+    assert methods == {
+        "GetInfo": ("GetInfoRequest", "GetInfoResponse", False, False),
+        "StreamBatches": ("StreamBatchesRequest", "StreamBatchesResponse", True, True),
+        "Checkpoint": ("CheckpointRequest", "CheckpointResponse", False, False),
+        "Resume": ("ResumeRequest", "ResumeResponse", False, False),
+    }
+    for name in methods:
+        assert hasattr(pb_grpc.DataServiceServicer, name)
+
+
+def test_dtype_enum_values():
+    from zephon_proto.v1 import data_service_pb2 as pb
+
+    assert dict(pb.DType.items()) == {
+        "DTYPE_UNSPECIFIED": 0,
+        "DTYPE_INT32": 1,
+        "DTYPE_INT64": 2,
+        "DTYPE_UINT16": 3,
+        "DTYPE_UINT32": 4,
+        "DTYPE_FLOAT32": 5,
+        "DTYPE_BOOL": 6,
+        "DTYPE_UINT8": 7,
+    }
+
+
+# Binding field names and numbers: fields may be added, never renamed or renumbered.
+BINDING_FIELDS = {
+    "Tensor": {"name": 1, "dtype": 2, "shape": 3, "data": 4, "ring_offset": 5},
+    "LanePosition": {"lane": 1, "next_seq": 2},
+    "GetInfoRequest": {},
+    "GetInfoResponse": {
+        "num_lanes": 1,
+        "fingerprint": 2,
+        "plan": 3,
+        "acknowledged": 4,
+        "checkpoint_ids": 5,
+        "version": 6,
+        "served_lanes": 7,
+        "tensor_names": 8,
+        "tokenizer": 9,
+        "flush_every_k_chunks": 10,
+    },
+    "StreamBatchesRequest": {"open": 1, "ack": 2, "ring": 3},
+    "OpenLane": {
+        "lane": 1,
+        "start_seq": 2,
+        "consumer": 3,
+        "max_batches_per_message": 4,
+        "shared_memory": 5,
+    },
+    "Ack": {"next_seq": 1},
+    "StreamBatchesResponse": {"batch": 1, "end": 2, "batches": 3, "ring": 4},
+    "RingOffer": {"path": 1, "size": 2, "nonce": 3},
+    "RingReply": {"accepted": 1, "reason": 2},
+    "BatchGroup": {"batches": 1},
+    "SampleBatch": {
+        "lane": 1,
+        "seq": 2,
+        "tensors": 3,
+        "rows": 4,
+        "digest": 5,
+        "chain_digest": 6,
+        "closed": 7,
+    },
+    "RowSource": {"segments": 1},
+    "Segment": {"dataset": 1, "shard": 2, "row": 3, "epoch": 4, "start": 5, "length": 6},
+    "ClosedDocument": {"dataset": 1, "shard": 2, "row": 3, "epoch": 4, "tombstone": 5},
+    "EndOfStream": {"next_seq": 1, "chain_digest": 2},
+    "CheckpointRequest": {"positions": 1, "tag": 2},
+    "CheckpointResponse": {"checkpoint_id": 1, "state": 2, "positions": 3},
+    "ResumeRequest": {"checkpoint_id": 1, "state": 2},
+    "ResumeResponse": {"positions": 1, "fingerprint": 2},
+}
+
+
+@pytest.mark.parametrize("message", sorted(BINDING_FIELDS))
+def test_binding_field_numbers(message):
+    from zephon_proto.v1 import data_service_pb2 as pb
+
+    desc = pb.DESCRIPTOR.message_types_by_name[message]
+    fields = {f.name: f.number for f in desc.fields}
+    for name, number in BINDING_FIELDS[message].items():
+        assert fields.get(name) == number, f"{message}.{name} must keep field number {number}"
+
+
+def test_oneofs():
+    from zephon_proto.v1 import data_service_pb2 as pb
+
+    def oneof(message: str, name: str) -> set[str]:
+        desc = pb.DESCRIPTOR.message_types_by_name[message]
+        return {f.name for f in desc.oneofs_by_name[name].fields}
+
+    assert oneof("StreamBatchesRequest", "kind") == {"open", "ack", "ring"}
+    assert oneof("StreamBatchesResponse", "kind") == {"batch", "end", "batches", "ring"}
+    assert oneof("ResumeRequest", "source") == {"checkpoint_id", "state"}
+    assert pb.DESCRIPTOR.package == "zephon.v1"
