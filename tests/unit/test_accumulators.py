@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,17 +24,6 @@ def test_passthrough_emits_immediately():
     acc = PassthroughAccumulator()
     assert cursors(acc.push_many([rec(0, 0, 0), rec(1, 0, 0)])) == [[(0, 0), (0, 0)]]
     assert not acc.has_pending_data()
-
-
-def test_latency_bound_only_when_set():
-    acc = CountingAccumulator(100, max_latency_ms=1)
-    acc.push_many([rec(0, 0, 0)])
-    time.sleep(0.01)
-    assert cursors(acc.poll()) == [[(0, 0)]]
-    det = CountingAccumulator(100, max_latency_ms=None)
-    det.push_many([rec(0, 0, 0)])
-    time.sleep(0.01)
-    assert det.poll() == []
 
 
 lanes_and_counts = st.lists(st.tuples(st.integers(0, 2), st.integers(1, 4)), max_size=30)

@@ -55,3 +55,17 @@ def test_checker_catches_a_violation(tmp_path, forbidden):
         assert offenders(pkg, (forbidden.split(".")[0],)) != []
     finally:
         ROOT = saved
+
+
+def test_tools_and_bench_never_import_tests():
+    """Tools and benchmarks get shared code from tools/zephon_testing, never from tests/."""
+    test_modules = tuple(p.stem for p in (ROOT / "tests").rglob("*.py"))
+    found = [
+        f"{file}: imports {name}"
+        for folder in ("tools", "bench")
+        for file, names in imported_modules(ROOT / folder).items()
+        for name in sorted(names)
+        if name.split(".")[0] in ("tests", *test_modules)
+    ]
+    assert test_modules and found == []
+    assert "sys.path" not in (ROOT / "tools" / "reliability_report.py").read_text()

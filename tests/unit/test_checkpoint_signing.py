@@ -4,14 +4,12 @@ Unit tests of ``engine/checkpoint.py`` and ``engine/checkpoint_key.py`` over rea
 forged checkpoint (payload edited, checksum recomputed, as anyone can) passes the checksum and
 is refused only by a key; unsigned files keep loading without one. ``pick_latest`` skips
 damage and stops at a checkpoint refused for what it is. The real-server side is in
-``tests/test_startup.py``.
+``tests/reliability/test_startup.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import struct
 
 import pytest
@@ -31,11 +29,12 @@ from zephon_server.engine.checkpoint import (
     UnsignedCheckpoint,
     read_state_file,
 )
-from zephon_server.engine.checkpoint_key import MAC_BYTES, CheckpointKey
+from zephon_server.engine.checkpoint_key import CheckpointKey
 from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.records import SampleBatch
+from zephon_testing.scenarios.checkpoint_signing import forge
 
 KEY_A = CheckpointKey(b"a" * 32, "test key A")
 KEY_B = CheckpointKey(b"b" * 32, "test key B")
@@ -57,17 +56,6 @@ def state(corpus_specs) -> ResumeState:
             break
     run.close()
     return ResumeState.decode(run.checkpoint().encode())
-
-
-def forge(data: bytes, edit) -> bytes:
-    """What an attacker can do: edit the JSON payload and recompute the sha256; a signed
-    checkpoint keeps its (now wrong) MAC."""
-    version = struct.unpack_from("<H", data, 8)[0]
-    start = 42 + (MAC_BYTES if version == SIGNED_VERSION else 0)
-    doc = json.loads(data[start:])
-    edit(doc)
-    payload = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    return data[:10] + hashlib.sha256(payload).digest() + data[42:start] + payload
 
 
 def retag(doc: dict) -> None:

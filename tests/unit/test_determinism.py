@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -53,43 +52,9 @@ def test_microbatch_sizes_do_not_change_data(corpus_specs, oracle, mbs):
         assert got == oracle
 
 
-@pytest.mark.processes
-@pytest.mark.parametrize("workers", [1, 2])
-def test_processes_equal_inline(corpus_specs, oracle, workers):
-    from zephon_server.engine import shm
-
-    got = lane_chains(
-        batch_pipeline(corpus_specs), ExecutionConfig(runner="processes", workers=workers)
-    )
-    assert got == oracle
-    assert shm.live_blocks() == 0
-
-
 def test_seed_and_lanes_do_change_data(corpus_specs, oracle):
     other_seed = lane_chains(batch_pipeline(corpus_specs, seed=99), ExecutionConfig("inline"))
     assert other_seed != oracle
-
-
-class SlowOnSomeBatches(Operator):
-    """Sleeps on micro-batches whose first document has an even row: completions reorder."""
-
-    op_name = "slow"
-    default_microbatch_size = 5
-
-    def process_many(self, elems):
-        if elems[0].meta.doc.row % 2 == 0:
-            time.sleep(0.01)
-        return elems
-
-
-def test_slow_workers_do_not_change_output(corpus_specs):
-    def pipe():
-        p = make_pipeline(corpus_specs)
-        return p.apply(SlowOnSomeBatches()).batch(microbatch_size=4)
-
-    want = lane_chains(pipe(), ExecutionConfig(runner="inline"))
-    got = lane_chains(pipe(), ExecutionConfig(runner="threads", workers=4))
-    assert got == want
 
 
 def test_one_pass_closes_every_document_once_and_matches_weights(corpus_specs):

@@ -92,19 +92,6 @@ def test_resume_reads_the_cache_instead_of_tokenizing(specs, tmp_path, encoded_t
     assert run.stats()["replay_cache"]["hits"] == hits
 
 
-@pytest.mark.processes
-def test_resume_with_cache_on_processes_runner(specs, tmp_path):
-    pipe = pipeline(specs)
-    full = chains(pipe.run(ExecutionConfig(runner="inline")))
-    for cut in (5, 13):
-        cache = ReplayCache(tmp_path / f"cut{cut}")
-        state = checkpoint_mid_epoch(pipe, cache, cut)
-        run = pipe.run(
-            ExecutionConfig(runner="processes", workers=2), resume=state, replay_cache=cache
-        )
-        assert chains(run) == {lane: v[cut:] for lane, v in full.items()}
-
-
 def test_corrupt_or_missing_entries_are_tokenized_again(specs, tmp_path, caplog):
     pipe = pipeline(specs)
     full = chains(pipe.run(ExecutionConfig(runner="inline")))

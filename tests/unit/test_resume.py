@@ -56,17 +56,6 @@ def test_restore_at_every_step_equals_uninterrupted(small_specs, algorithm):
                 assert resumed[lane] == seqs[positions[lane] :], (algorithm, cut, runner, lane)
 
 
-@pytest.mark.processes
-def test_restore_with_processes_runner(small_specs):
-    pipe = stateful(small_specs, "block")
-    full_run = pipe.run(ExecutionConfig(runner="inline"))
-    full = per_lane(full_run)
-    for cut in (1, 5):
-        state = full_run.checkpoint({lane: cut for lane in full})
-        resumed = per_lane(pipe.run(ExecutionConfig(runner="processes", workers=2), resume=state))
-        assert resumed == {lane: v[cut:] for lane, v in full.items()}
-
-
 def cross_epoch(batch, k):
     return len({m.chunk_id // k for m in batch.rows}) > 1
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -20,10 +18,8 @@ import pytest
 from zephon_server.engine.checkpoint import (
     IncompatibleCheckpoint,
     ResumeState,
-    read_state_file,
-    write_atomic,
 )
-from zephon_server.engine.corpus import write_jsonl, write_parquet
+from zephon_server.engine.corpus import write_jsonl
 from zephon_server.engine.datasets import DatasetSpec, ShardInfo
 from zephon_server.engine.errors import ShardChanged, ZephonError
 from zephon_server.engine.execution import ExecutionConfig
@@ -31,12 +27,12 @@ from zephon_server.engine.identity import describe_change, format_ns, local_iden
 from zephon_server.engine.manifest import (
     ShardManifest,
     load_manifest,
-    manifest_dir,
     save_manifest,
 )
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.records import SampleBatch
 from zephon_server.engine.shards import ShardCache
+from zephon_testing.scenarios.shard_identity import rewrite_same_size
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,21 +57,6 @@ def pipeline(specs: list[DatasetSpec]) -> Pipeline:
     )
 
 
-def rewrite_same_size(path: Path) -> None:
-    """Rewrite ``path`` in place (same inode, same size, other text), as a job re-run over
-    its output would: every ``a`` becomes ``e``. Waits out a coarse file-system clock so the
-    modification time moves, as it does for any rewrite that is not within one clock tick."""
-    before = path.stat()
-    data = path.read_bytes()
-    assert b"a" in data
-    with open(path, "r+b") as fh:
-        fh.write(data.replace(b"a", b"e"))
-    while path.stat().st_mtime_ns == before.st_mtime_ns:
-        time.sleep(0.01)
-        os.utime(path)
-    assert path.stat().st_size == before.st_size and path.stat().st_ino == before.st_ino
-
-
 def take(run, n: int) -> list[SampleBatch]:
     out: list[SampleBatch] = []
     for item in run:
@@ -84,21 +65,6 @@ def take(run, n: int) -> list[SampleBatch]:
             if len(out) == n:
                 break
     return out
-
-
-def checkpoint_with_manifest(specs: list[DatasetSpec], directory: Path) -> Path:
-    """Run a few batches, then save the state file and its shard manifest in ``directory``
-    (what ``zephon dump --save-state`` and a server's Checkpoint do)."""
-    plan = pipeline(specs).plan(INLINE)
-    from zephon_server.engine.run import PipelineRun
-
-    run = PipelineRun(plan)
-    take(run, 4)
-    run.close()
-    save_manifest(manifest_dir(directory), ShardManifest.of(plan.fingerprint, plan.datasets))
-    path = directory / "state.zck"
-    write_atomic(path, run.checkpoint().encode())
-    return path
 
 
 def test_same_size_rewrite_changes_the_fingerprint(tmp_path: Path) -> None:
@@ -116,34 +82,6 @@ def test_same_size_rewrite_changes_the_fingerprint(tmp_path: Path) -> None:
     shard.write_bytes(original)
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert pipeline(specs).plan(INLINE).fingerprint == before.fingerprint
-
-
-def test_copy_without_times_is_refused_naming_the_fix_and_a_copy_with_times_resumes(
-    tmp_path: Path,
-) -> None:
-    state_file = checkpoint_with_manifest(write_corpus(tmp_path / "orig"), tmp_path)
-    time.sleep(0.05)  # the plain copy's times are later than the originals'
-    shutil.copytree(tmp_path / "orig", tmp_path / "plain", copy_function=shutil.copyfile)
-    shutil.copytree(tmp_path / "orig", tmp_path / "kept")  # copy2: times preserved
-
-    plain = pipeline([DatasetSpec("web", str(tmp_path / "plain" / "web"), 1.0)])
-    with pytest.raises(IncompatibleCheckpoint) as info:
-        plain.run(INLINE, resume=read_state_file(state_file))
-    message = str(info.value)
-    assert message.startswith("checkpoint does not match the data: the shards changed")
-    for i in range(4):
-        shard = tmp_path / "plain" / "web" / f"part-{i:05d}.jsonl"
-        assert f"shard {shard} modified (modified time " in message
-    size = (tmp_path / "orig" / "web" / "part-00000.jsonl").stat().st_size
-    assert f"size {size} bytes unchanged, rows 30 unchanged" in message
-    assert "cp without -p" in message and "cp -p" in message and "touch -r" in message
-
-    kept = pipeline([DatasetSpec("web", str(tmp_path / "kept" / "web"), 1.0)])
-    state = read_state_file(state_file)
-    run = kept.run(INLINE, resume=state)  # moved with its times: the same shards
-    first = take(run, 1)[0]
-    run.close()
-    assert first.seq == state.lanes[first.lane_id].next_seq
 
 
 def test_a_shard_changed_after_indexing_is_never_read_even_under_skip(tmp_path: Path) -> None:
@@ -173,32 +111,6 @@ def test_plain_jsonl_reads_compare_the_open_files_identity(tmp_path: Path) -> No
     fresh = ShardInfo(str(path), "jsonl", new.st_size, len(ROWS), new.st_mtime_ns)
     assert cache.num_rows(str(path), "jsonl", fresh.identity) == len(ROWS)
     assert cache.read_rows(fresh, [0], "text") == [ROWS[0].replace("a", "e").encode()]
-
-
-def test_compressed_and_parquet_shards_are_checked_when_loaded(tmp_path: Path) -> None:
-    zst = write_jsonl(tmp_path / "b.jsonl.zst", ROWS)
-    pq_path = write_parquet(tmp_path / "c.parquet", {"text": ROWS}, row_group_size=10)
-    infos = {}
-    for path, fmt in ((zst, "jsonl.zst"), (pq_path, "parquet")):
-        st = path.stat()
-        infos[fmt] = ShardInfo(str(path), fmt, st.st_size, len(ROWS), st.st_mtime_ns)
-    small = ShardCache(max_bytes=0)  # keeps nothing: every read loads the shard again
-    big = ShardCache()
-    for cache in (small, big):
-        assert cache.read_rows(infos["jsonl.zst"], [3], "text") == [ROWS[3].encode()]
-        assert cache.read_rows(infos["parquet"], [3], "text") == [ROWS[3]]
-    time.sleep(0.02)
-    write_jsonl(zst, ROWS[::-1])  # replaced, as most tools write compressed files
-    write_parquet(pq_path, {"text": ROWS[::-1]}, row_group_size=10)
-    with pytest.raises(ShardChanged, match=f"shard {zst} changed after it was indexed"):
-        small.read_rows(infos["jsonl.zst"], [3], "text")
-    with pytest.raises(ShardChanged, match=f"shard {pq_path} changed after it was indexed"):
-        small.read_rows(infos["parquet"], [3], "text")
-    # Loaded row groups stay those of the indexed version; a row group not loaded yet is
-    # checked as it loads.
-    assert big.read_rows(infos["parquet"], [3], "text") == [ROWS[3]]
-    with pytest.raises(ShardChanged, match=f"shard {pq_path} changed after it was indexed"):
-        big.read_rows(infos["parquet"], [55], "text")
 
 
 def test_a_file_changing_while_it_is_indexed_is_refused(tmp_path: Path, monkeypatch) -> None:

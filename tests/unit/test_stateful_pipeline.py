@@ -47,16 +47,6 @@ def test_threads_equal_inline(corpus_specs, oracles, algorithm, workers):
     assert sum(len(v) for v in got.values()) > 20
 
 
-@pytest.mark.processes
-@pytest.mark.parametrize("algorithm", SHUFFLES)
-@pytest.mark.parametrize("workers", [1, 2])
-def test_processes_equal_inline(corpus_specs, oracles, algorithm, workers):
-    got = chains(
-        stateful(corpus_specs, algorithm), ExecutionConfig(runner="processes", workers=workers)
-    )
-    assert got == oracles[algorithm]
-
-
 @pytest.mark.parametrize("algorithm", SHUFFLES)
 def test_microbatch_sizes_and_fusion_do_not_change_data(corpus_specs, oracles, algorithm):
     for mbs in (1, 5):

@@ -239,32 +239,6 @@ def test_local_store_api(tmp_path):
     assert pickle.loads(pickle.dumps(store)).__class__ is LocalStore
 
 
-def test_requests_in_flight_are_bounded_by_max_concurrency():
-    import threading
-    import time
-
-    requests = Requests(RetryPolicy(1, 0.0, 0.0), 2, StorageStats())
-    lock, now, most = threading.Lock(), [0], [0]
-
-    def attempt():
-        with lock:
-            now[0] += 1
-            most[0] = max(most[0], now[0])
-        time.sleep(0.02)
-        with lock:
-            now[0] -= 1
-        return b""
-
-    threads = [
-        threading.Thread(target=requests.call, args=("get", "s3://b/k", attempt)) for _ in range(8)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert most[0] == 2
-
-
 def test_storage_options_stay_out_of_the_fingerprint():
     from zephon_server.engine.datasets import DatasetInfo, ShardInfo
     from zephon_server.engine.pipeline import Pipeline, fingerprint
