@@ -104,13 +104,3 @@ def test_past_the_cap_batches_are_not_kept_and_their_readers_replay_them(corpus_
         assert hub.replays_started == 1
     finally:
         hub.stop()
-
-
-# --------------------------------------------------------------------------------------------
-# The replay cache keeps what a checkpoint at the slowest consumer's position needs
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# In-driver steps hand a huge document's output on piece by piece
-# --------------------------------------------------------------------------------------------
