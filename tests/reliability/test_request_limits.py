@@ -8,14 +8,12 @@ and, however many arrive, a few rate-limited log lines naming the peer, never a 
 
 from __future__ import annotations
 
-import logging
 import random
 
 import grpc
 import pytest
 
 from zephon_proto.v1 import data_service_pb2 as pb
-from zephon_server.service.ratelimit import RateLimitedLog
 from zephon_testing.scenarios.request_limits import (
     FIELD_CASES,
     check_field_case,
@@ -94,19 +92,3 @@ def test_undecodable_requests_with_auth_on(tmp_path, corpus_dir):
         channel.close()
         assert srv.terminate() == 0
     assert "Traceback" not in srv.output()
-
-
-def test_rate_limited_log_counts_the_lines_it_held_back(caplog):
-    now = [100.0]
-    logger = logging.getLogger("zephon.test.ratelimit")
-    reports = RateLimitedLog(logger, interval=10.0, clock=lambda: now[0])
-    caplog.set_level(logging.WARNING, logger.name)
-    written = []
-    for step in range(50):  # 25 s of one line every half second, two kinds
-        now[0] = 100.0 + step * 0.5
-        written.append(reports.warning("a", "problem %s from %s", "A", "peer"))
-        reports.warning("b", "other problem")
-    messages = [r.getMessage() for r in caplog.records]
-    assert messages[:2] == ["problem A from peer", "other problem"]
-    assert messages[2] == "problem A from peer (19 more like it in the last 10 s)"
-    assert sum(written) == 3 and len(messages) == 6

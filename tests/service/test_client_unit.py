@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
-from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -33,9 +32,6 @@ from zephon_client import (
 from zephon_client.stream import (
     ACK_INTERVAL,
     BATCHES_PER_MESSAGE,
-    CORE_INTERNAL_DETAILS,
-    _Item,
-    _retryable,
 )
 from zephon_client.tail import byte_decode, tail
 from zephon_proto.v1 import data_service_pb2 as pb
@@ -646,35 +642,6 @@ def test_reconnecting_gives_up_after_reconnect_timeout():
         assert len(service.opens) >= 3  # backoff 0.1, 0.2, ...
 
 
-class _Status(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
-@pytest.mark.parametrize(
-    ("code", "details", "received", "retry"),
-    [
-        (grpc.StatusCode.UNAVAILABLE, "Connection reset by peer", 0, True),
-        # grpc.aio's status when the client core failed to write on a broken connection
-        (grpc.StatusCode.INTERNAL, CORE_INTERNAL_DETAILS, 0, True),
-        # the server's own INTERNAL before any batch is final: reopening would fail again
-        (grpc.StatusCode.INTERNAL, "pipeline failed: worker 1 died", 0, False),
-        (grpc.StatusCode.INTERNAL, "RST_STREAM with error code 2", 3, True),
-        (grpc.StatusCode.CANCELLED, "Cancelled", 0, False),
-        (grpc.StatusCode.OUT_OF_RANGE, "seq 0 is no longer reachable", 5, False),
-    ],
-)
-def test_which_failed_calls_are_reopened(code, details, received, retry):
-    item = _Item("error", error=_Status(code, details))
-    assert _retryable(item, SimpleNamespace(received=received)) is retry
-
-
 # --------------------------------------------------------------------------------------------
 # several servers, auth, checkpoints
 # --------------------------------------------------------------------------------------------
@@ -858,10 +825,6 @@ def test_tail_prints_headers_and_decoded_rows_and_acks_only_what_it_read():
         assert info.value.code == grpc.StatusCode.OUT_OF_RANGE
 
 
-def test_byte_decode_marks_special_ids():
-    assert byte_decode([104, 105, 256, 0xC3, 0xA9, 257]) == "hi<256>é<257>"
-
-
 def test_torch_adapter_yields_tensors():
     torch = pytest.importorskip("torch")
     from zephon_client.torch import ZephonIterableDataset
@@ -872,10 +835,3 @@ def test_torch_adapter_yields_tensors():
         assert [(i["lane"], i["seq"]) for i in items] == round_robin({0: 3, 1: 3})
         assert items[0]["input_ids"].dtype == torch.int32
         assert dataset.state_dict()["positions"] == {0: 3, 1: 3}
-
-
-def test_torch_module_imports_without_torch():
-    import importlib
-
-    module = importlib.import_module("zephon_client.torch")
-    assert callable(module.to_torch)
