@@ -50,7 +50,7 @@ pytest: install numpy-venvs system-deps tokenizers
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
 # A second interpreter with numpy 1.x (the project's has 2.x), for the test that the data
-# order does not depend on numpy (tests/test_numpy_versions.py). It sees the project
+# order does not depend on numpy (tests/service/test_numpy_versions.py). It sees the project
 # environment's packages (tokenizers, grpc, yaml) and shadows numpy and pyarrow (pyarrow 26 needs numpy 2; 25.0.1 is
 # runs on numpy 1.26). Made once; pip's cache keeps a rebuild cheap.
 NUMPY1_VENV := build/numpy1-venv
@@ -64,7 +64,14 @@ $(NUMPY1_VENV)/.ready: $(STAMP)
 		assert numpy.__version__.startswith('1.'), numpy.__version__"
 	@touch $@
 
+# Everything: lint, then every tier (tests/unit, tests/service, tests/reliability).
 test: lint pytest
+
+# The fast hermetic tier only (tests/unit: no sockets, subprocesses or sleeps, enforced by
+# tests/unit/conftest.py); needs nothing beyond `install`. pytest's exit code 5 (no test
+# collected) fails the target like any other.
+unit: install
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit
 
 # Regenerates the checked-in protobuf/gRPC code (client/zephon_proto) from proto/ with the
 # pinned grpcio-tools: tools/gen_proto.py runs `$(PYTHON) -m grpc_tools.protoc -Iproto ...`.

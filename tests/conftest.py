@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from zephon_server.engine.corpus import write_sample_corpus
-from zephon_server.engine.pipeline import Pipeline
 from zephon_server.runtime import from_environ
 
 
@@ -58,7 +57,7 @@ def corpus_specs(corpus_dir):
 @pytest.fixture(scope="session")
 def stream_config(tmp_path_factory, corpus_dir):
     """The service tests' pipeline over the corpus (4 lanes, pack + shuffle) and a work dir."""
-    from service_helpers import write_config
+    from zephon_testing.servers import write_config
 
     work = tmp_path_factory.mktemp("stream")
     return write_config(work / "pipeline.yaml", corpus_dir), work
@@ -67,24 +66,15 @@ def stream_config(tmp_path_factory, corpus_dir):
 @pytest.fixture(scope="session")
 def stream_expected(stream_config):
     """Every lane's chain digests of ``stream_config`` from ``zephon dump`` (inline runner)."""
-    from service_helpers import dump_digests
+    from zephon_testing.servers import dump_digests
 
     return dump_digests(stream_config[0], 1000)
-
-
-def make_pipeline(specs, *, lanes=4, chunk_size=32, k=2, seed=1234, ops=None) -> Pipeline:
-    """A pipeline over the corpus; ``ops`` is a list of (name, params) appended before batch."""
-    pipe = Pipeline(specs, seed=seed, lanes=lanes, chunk_size=chunk_size, flush_every_k_chunks=k)
-    pipe.decode_text().tokenize(tokenizer="byte")
-    for name, params in ops or []:
-        pipe.add(name, **params)
-    return pipe
 
 
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory):
     """A real S3-protocol server (moto's standalone server) on loopback for the session."""
-    from s3_server import S3Server
+    from tests.support.s3_server import S3Server
 
     server = S3Server(tmp_path_factory.mktemp("s3"))
     yield server

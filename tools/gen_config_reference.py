@@ -9,7 +9,7 @@ loader's top-level keys (``engine/config.py``), the fields of ``DatasetSpec`` an
 constructor accepts (``Operator.accepted_params()``) and the first line of its docstring, and
 the ``zephon`` command-line parser. The one-line meanings below are written by hand; a key or
 parameter without one stops the generator, so a new setting cannot go undocumented.
-``tests/test_docs.py`` fails when the checked-in page differs from what this prints.
+``tests/unit/test_docs.py`` fails when the checked-in page differs from what this prints.
 """
 
 from __future__ import annotations

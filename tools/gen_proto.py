@@ -3,8 +3,8 @@
 Runs ``python -m grpc_tools.protoc`` (pinned in the ``dev`` extra) with ``-Iproto`` so the
 generated modules form the top-level package ``zephon_proto`` and import each other as
 ``from zephon_proto.v1 import data_service_pb2`` without ``sys.path`` tricks. The output is
-byte-for-byte reproducible; ``tests/test_proto.py`` regenerates into a temporary directory and
-fails when the checked-in files drift.
+byte-for-byte reproducible; ``tests/service/test_proto.py`` regenerates into a temporary
+directory and fails when the checked-in files drift.
 
 Usage: ``python tools/gen_proto.py [--out DIR]`` (default ``client/``).
 """
@@ -25,7 +25,8 @@ PINNED_GRPCIO_TOOLS = "1.85.1"
 INIT_FILES = {
     "zephon_proto/__init__.py": (
         '"""Generated protobuf and gRPC code for the Zephon service.\n\n'
-        "Regenerate with ``make proto``; do not edit (tests/test_proto.py checks for drift).\n"
+        "Regenerate with ``make proto``; do not edit (tests/service/test_proto.py checks for\n"
+        "drift).\n"
         '"""\n'
     ),
     "zephon_proto/v1/__init__.py": (

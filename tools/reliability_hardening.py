@@ -1,10 +1,11 @@
 """The "Hardening" section of ``docs/reliability.md`` (issue 19), called by
 ``tools/reliability_report.py``.
 
-It runs the scenario functions of the issue's tests (``tests/test_shard_integrity.py``,
-``test_shard_identity_service.py``, ``test_client_identity.py``, ``test_startup.py``,
-``test_request_limits.py``, ``test_disk_full.py``, ``test_bad_records.py``,
-``test_crash_cleanup.py``, ``test_metrics_http.py``): each checks what its test checks and
+It runs the scenario functions (``tools/zephon_testing/scenarios``) of the issue's tests
+(``tests/reliability/test_shard_integrity.py``, ``test_shard_identity_service.py``,
+``test_client_identity.py``, ``test_startup.py``, ``test_request_limits.py``,
+``test_disk_full.py``, ``test_bad_records.py``, ``test_crash_cleanup.py``,
+``tests/service/test_metrics_http.py``): each checks what its test checks and
 returns what it measured, which is rendered here. A failed check raises and aborts the run.
 """
 
@@ -15,19 +16,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol
 
-#: The test modules whose scenario functions this section runs.
+#: The test modules (under ``tests/``) whose scenario functions this section runs.
 HARDENING_TESTS = (
-    "test_shard_integrity.py",
-    "test_shard_identity_service.py",
-    "test_client_identity.py",
-    "test_startup.py",
-    "test_request_limits.py",
-    "test_disk_full.py",
-    "test_bad_records.py",
-    "test_crash_cleanup.py",
-    "test_memory_bound.py",
-    "test_replays.py",
-    "test_metrics_http.py",
+    "reliability/test_shard_integrity.py",
+    "reliability/test_shard_identity_service.py",
+    "reliability/test_client_identity.py",
+    "reliability/test_startup.py",
+    "reliability/test_request_limits.py",
+    "reliability/test_disk_full.py",
+    "reliability/test_bad_records.py",
+    "reliability/test_crash_cleanup.py",
+    "reliability/test_memory_bound.py",
+    "service/test_replays.py",
+    "service/test_metrics_http.py",
 )
 _LOG_PREFIX = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\w+) [\w.]+: ")
 
@@ -105,7 +106,7 @@ def _refused_cell(line: str) -> str:
 
 
 def _compressed_shards(work: Path, short: Short) -> list[list[Any]]:
-    import test_shard_integrity as tsi
+    from zephon_testing.scenarios import shard_integrity as tsi
 
     data, gz = tsi.zst(), tsi.gz()
     frames = tsi.zst_frames(tsi.CONTENT, 4)
@@ -137,7 +138,7 @@ def _compressed_shards(work: Path, short: Short) -> list[list[Any]]:
 
 
 def _rewritten_shard(work: Path, short: Short) -> list[list[Any]]:
-    import test_shard_identity_service as tsis
+    from zephon_testing.scenarios import shard_identity_service as tsis
 
     changed = tsis.make_changed(_dir(work / "identity"))
     res = tsis.run_resume_latest_onto_changed(changed)
@@ -164,7 +165,7 @@ def _rewritten_shard(work: Path, short: Short) -> list[list[Any]]:
 
 
 def _swapped_server(work: Path, corpus: Path, short: Short) -> list[list[Any]]:
-    import test_client_identity as tci
+    from zephon_testing.scenarios import client_identity as tci
 
     pipelines = tci.make_pipelines(_dir(work / "swap"), corpus)
     rows = []
@@ -210,7 +211,7 @@ def silent_changes(rep: Report, work: Path, corpus: Path, short: Short) -> None:
 
 def refused_checkpoints(rep: Report, work: Path, setup: dict[str, Any], short: Short) -> str:
     """Add the table; returns the start-up error line for a checkpoint that is a directory."""
-    import test_startup as tst
+    from zephon_testing.scenarios import startup as tst
 
     cfg, other, good = setup["cfg"], setup["other"], setup["good"]
     f = tst.run_every_checkpoint_refused(cfg, good, _dir(work / "all"))
@@ -251,7 +252,7 @@ def refused_checkpoints(rep: Report, work: Path, setup: dict[str, Any], short: S
 
 
 def _requests(work: Path, corpus: Path, short: Short) -> list[list[Any]]:
-    import test_request_limits as trl
+    from zephon_testing.scenarios import request_limits as trl
 
     rows = []
     with trl.limited_server(_dir(work / "limits"), corpus) as limited:
@@ -273,7 +274,7 @@ def _requests(work: Path, corpus: Path, short: Short) -> list[list[Any]]:
 
 
 def _disk(work: Path, setup: dict[str, Any], short: Short) -> list[list[Any]]:
-    import test_disk_full as tdf
+    from zephon_testing.scenarios import disk_full as tdf
 
     figures = tdf.run_fill_a_small_disk(setup["cfg"], setup["expected"], _dir(work / "disk"))
     size = tdf.DISK[:-1] + " " + {"k": "KiB", "m": "MiB"}[tdf.DISK[-1]]
@@ -305,8 +306,8 @@ MEMORY_DOC_MB = 50  # the issue's reproduction: 97,675 buffered batches and 1.9 
 
 
 def _memory(work: Path, corpus: Path) -> list[list[Any]]:
-    import test_memory_bound as tm
-    import test_replays as tr
+    from zephon_testing.scenarios import memory_bound as tm
+    from zephon_testing.scenarios import replays as tr
 
     huge = tm.make_huge_config(_dir(work / "memory" / "huge"), MEMORY_DOC_MB)
     acked = tm.run_never_acking(huge, _dir(work / "memory" / "never-acks"))
@@ -355,7 +356,7 @@ def bounds(rep: Report, work: Path, corpus: Path, setup: dict[str, Any], short: 
 
 
 def _bad_records(work: Path, corpus: Path) -> list[list[Any]]:
-    import test_bad_records as tbr
+    from zephon_testing.scenarios import bad_records as tbr
 
     f = tbr.run_bad_records_server(_dir(work / "records"), corpus)
     by_kind: dict[tuple[str, str], list[int]] = {}
@@ -376,7 +377,7 @@ def _bad_records(work: Path, corpus: Path) -> list[list[Any]]:
 
 
 def _start_up(work: Path, setup: dict[str, Any], short: Short) -> list[list[Any]]:
-    import test_startup as tst
+    from zephon_testing.scenarios import startup as tst
 
     lines = {"`--resume` naming a checkpoint that is a directory": setup["directory_line"]}
     tls = tst.run_tls_key_of_another_certificate(setup["cfg"], _dir(work / "tls"))
@@ -399,9 +400,9 @@ def _start_up(work: Path, setup: dict[str, Any], short: Short) -> list[list[Any]
 
 
 def _kill_9(work: Path, corpus: Path) -> list[list[Any]]:
-    import test_crash_cleanup as tcc
-
-    from service_helpers import write_config
+    from zephon_server.engine.shm_owner import BLOCK_PREFIX, OWNER_PREFIX
+    from zephon_testing.scenarios import crash_cleanup as tcc
+    from zephon_testing.servers import write_config
 
     cfg = write_config(_dir(work / "endless") / "pipeline.yaml", corpus, exhaustion="repeat")
     k = tcc.run_sigkill_of_the_server(cfg, _dir(work / "kill"))
@@ -409,9 +410,9 @@ def _kill_9(work: Path, corpus: Path) -> list[list[Any]]:
         "semaphores"
         if n.startswith("sem.")
         else "payload blocks"
-        if n.startswith(tcc.BLOCK_PREFIX)
+        if n.startswith(BLOCK_PREFIX)
         else "owner file"
-        if n.startswith(tcc.OWNER_PREFIX)
+        if n.startswith(OWNER_PREFIX)
         else "other"
         for n in k["entries"]
     )
@@ -455,8 +456,8 @@ def crash_loops(rep: Report, work: Path, corpus: Path, setup: dict[str, Any], sh
 
 
 def metrics_endpoint(rep: Report, work: Path, short: Short) -> None:
-    import test_metrics_http as tmh
-    import test_security as ts
+    from zephon_testing.scenarios import metrics_http as tmh
+    from zephon_testing.scenarios import security as ts
 
     rows: list[list[Any]] = []
     for case, outcome in tmh.run_metrics_on_loopback_by_default(_dir(work / "bind")).items():
@@ -486,9 +487,8 @@ def metrics_endpoint(rep: Report, work: Path, short: Short) -> None:
 
 def hardening(rep: Report, work: Path, corpus: Path) -> None:
     """Run every hardening scenario under ``work`` over ``corpus``; add the section."""
-    import test_startup as tst
-
-    from service_helpers import dump_digests, write_config
+    from zephon_testing.scenarios import startup as tst
+    from zephon_testing.servers import dump_digests, write_config
 
     work = _dir(work / "hardening")
     short = Short(work)

@@ -1,4 +1,5 @@
 """Generated protobuf and gRPC code for the Zephon service.
 
-Regenerate with ``make proto``; do not edit (tests/test_proto.py checks for drift).
+Regenerate with ``make proto``; do not edit (tests/service/test_proto.py checks for
+drift).
 """

@@ -29,7 +29,7 @@ a path
     that shared library.
 
 The allocator never changes the data: batches are bit-identical under every choice
-(``tests/test_allocator.py`` compares the digests).
+(``tests/service/test_allocator.py`` compares the digests).
 """
 
 from __future__ import annotations

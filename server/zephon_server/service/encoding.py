@@ -2,7 +2,7 @@
 
 :func:`encode_batch_response` returns exactly the bytes protobuf writes for the message that
 carries the batch (fields in number order, proto3 zero values left out, minimal varints;
-``tests/test_wire.py`` checks that against a protobuf-built oracle on every kind of batch)
+``tests/unit/test_wire.py`` checks that against a protobuf-built oracle on every kind of batch)
 without building the message: the tensor bytes are copied once, straight from the batch's wire
 view (:attr:`NumberedBatch.wire`, normalised and sorted once by the lane output log), and each
 document's identity is encoded once per batch although it appears both in a row source and

@@ -1,0 +1,1 @@
+"""The reliability tier: faults injected on purpose, hostile input, resource limits, load."""

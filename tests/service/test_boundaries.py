@@ -1,0 +1,32 @@
+"""Layer boundaries: the tests that need a subprocess (a fresh interpreter importing the
+command line).
+
+The hermetic tests of the same topic are in ``tests/unit/test_boundaries.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_command_line_imports_no_client_and_no_engine_side_effect():
+    # Importing the command line module leaves the client unimported (the server installs
+    # and serves without it) and the process untuned (no import-time side effects).
+    probe = (
+        "import os, sys, gc; before = dict(os.environ); t = gc.get_threshold()\n"
+        "import zephon_server.cli, zephon_server.engine\n"
+        "import zephon_server.engine.tokenizer, zephon_server.engine.runners.processes\n"
+        "assert 'zephon_client' not in sys.modules, 'client imported'\n"
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
+        "assert gc.get_threshold() == t and gc.get_freeze_count() == 0\n"
+        "print('clean')\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'server'}:{ROOT / 'client'}"}
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert run.stdout.strip() == "clean", run.stderr

@@ -1,0 +1,48 @@
+"""``render_chat``: the test that needs worker processes (the YAML chat pipeline on every
+runner).
+
+The hermetic tests of the same topic are in ``tests/unit/test_render_chat.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.unit.test_render_chat import chain_digests
+from zephon_server.engine.execution import ExecutionConfig
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.processes
+def test_yaml_chat_pipeline_is_identical_on_every_runner(tmp_path, tok_dirs):
+    from zephon_server.engine.chat_corpus import write_chat_corpus
+
+    write_chat_corpus(tmp_path / "chat", conversations=300, shards=2, seed=2)
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "seed": 7,
+                "lanes": 2,
+                "chunk_size": 16,
+                "flush_every_k_chunks": 2,
+                "datasets": [{"name": "chat", "path": "chat", "weight": 1.0}],
+                "pipeline": [
+                    {"render_chat": {"tokenizer": tok_dirs["chatml"], "train_on": "assistant"}},
+                    {"pack_flat": {"max_length": 256}},
+                    {"batch": {"microbatch_size": 4}},
+                ],
+            }
+        )
+    )
+    from zephon_server.engine.config import load_config
+
+    pipe, _ = load_config(config)
+    oracle = chain_digests(pipe, ExecutionConfig(runner="inline"))
+    assert len(oracle) == 2 and all(len(v) >= 5 for v in oracle.values())
+    for runner, workers in (("threads", 3), ("processes", 2)):
+        pipe, _ = load_config(config)
+        assert chain_digests(pipe, ExecutionConfig(runner=runner, workers=workers)) == oracle
+    assert "render_chat(" in pipe.explain() and "decode_text" not in pipe.explain()

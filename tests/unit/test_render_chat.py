@@ -1,0 +1,608 @@
+"""``render_chat``: chat and prompt/completion records to ``input_ids`` and ``loss_mask``.
+
+The mask comes from rendering the conversation turn by turn: decoding every run of trained
+tokens gives back exactly each trained message's content followed by its end-of-turn token,
+for three template layouts (ChatML, Llama 3 headers, Mistral [INST]) and a real trained BPE
+tokenizer as well as the byte tokenizer. Bad records (no assistant turn, nothing masked, a
+truncation that cuts every trained token, a malformed messages field, a template error) stop
+the pipeline naming file and line, or are skipped and counted under ``on_error: skip``.
+
+The tests of the same topic that need a subprocess, worker processes, a socket or a real
+file system limit are in ``tests/service/test_render_chat.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.support.chat_helpers import CHATML, chat_tokenizer, decode, trained_runs
+from zephon_server.engine.chat_corpus import generate_conversations
+from zephon_server.engine.config import parse_config
+from zephon_server.engine.corpus import write_jsonl
+from zephon_server.engine.errors import ConfigError, DataError
+from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
+from zephon_server.engine.ops.render_chat import RenderChat, token_mask
+from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
+
+pytestmark = pytest.mark.timeout(120)
+
+END = {"chatml": "<|im_end|>", "headers": "<|eot_id|>", "inst": "</s>"}
+HEADER = {"chatml": "<|im_start|>assistant\n", "headers": "<|start_header_id|>assistant"}
+
+
+def records(rows: list[Any]) -> list[SampleRecord]:
+    out = []
+    for i, row in enumerate(rows):
+        doc = DocRef(0, 0, i)
+        raw = row if isinstance(row, bytes) else json.dumps(row).encode()
+        out.append(SampleRecord({"raw": raw}, SampleMeta(0, (0, i), 0, doc, (doc,))))
+    return out
+
+
+def render(op: RenderChat, rows: list[Any]) -> list[SampleRecord]:
+    return op.process_many(records(rows))
+
+
+@pytest.fixture(scope="module")
+def tok_dirs(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("chat-tok")
+    return {fmt: chat_tokenizer(root / fmt, fmt) for fmt in ("chatml", "headers", "inst")}
+
+
+# ------------------------------------------------------------------ what is trained, exactly
+
+
+@pytest.mark.parametrize("fmt", ["chatml", "headers"])
+def test_trained_tokens_are_exactly_assistant_contents_and_end_tokens(tok_dirs, fmt):
+    op = RenderChat(tokenizer=tok_dirs[fmt])
+    convs = generate_conversations(40, seed=3)
+    for conv, out in zip(convs, render(op, convs)):
+        ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+        assert ids.dtype == np.int32 and mask.dtype == np.uint8 and len(ids) == len(mask)
+        expected = [m["content"] + END[fmt] for m in conv["messages"] if m["role"] == "assistant"]
+        assert trained_runs(op, ids, mask) == expected
+        untrained = decode(op, ids[mask == 0])
+        assert untrained.count(HEADER[fmt]) == len(expected)  # headers are never trained
+        assert out.meta.spans[0].length == len(ids) and out.meta.closes == (out.meta.doc,)
+
+
+def test_train_on_last_assistant_and_all(tok_dirs):
+    conv = next(
+        c
+        for c in generate_conversations(20, seed=9)
+        if sum(m["role"] == "assistant" for m in c["messages"]) >= 2
+    )
+    messages = conv["messages"]
+    last = RenderChat(tokenizer=tok_dirs["chatml"], train_on="last_assistant")
+    (out,) = render(last, [conv])
+    assert trained_runs(last, out.payload["input_ids"], out.payload["loss_mask"]) == [
+        messages[-1]["content"] + "<|im_end|>"
+    ]
+    every = RenderChat(tokenizer=tok_dirs["chatml"], train_on="all")
+    (out,) = render(every, [conv])
+    runs = trained_runs(every, out.payload["input_ids"], out.payload["loss_mask"])
+    # Adjacent turns: one turn's end token and the next header are separated by an untrained
+    # header, so every message is one run.
+    assert runs == [m["content"] + "<|im_end|>" for m in messages]
+
+
+def test_header_template_trims_content_and_trains_eot(tok_dirs):
+    op = RenderChat(tokenizer=tok_dirs["headers"])
+    conv = {
+        "messages": [
+            {"role": "user", "content": "  Where is the river?  "},
+            {"role": "assistant", "content": "\nNear the old bridge.\n"},
+        ]
+    }
+    (out,) = render(op, [conv])
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    assert trained_runs(op, ids, mask) == ["Near the old bridge.<|eot_id|>"]
+    assert decode(op, ids).startswith("<|begin_of_text|><|start_header_id|>user")
+
+
+def test_inst_template_trains_answer_and_eos_and_its_exception_is_a_chat_error(tok_dirs):
+    op = RenderChat(tokenizer=tok_dirs["inst"])
+    good = {
+        "messages": [
+            {"role": "user", "content": "Name a tree."},
+            {"role": "assistant", "content": "An oak."},
+        ]
+    }
+    (out,) = render(op, [good])
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    assert trained_runs(op, ids, mask) == ["An oak.</s>"]
+    assert decode(op, ids) == "<s>[INST] Name a tree. [/INST]An oak.</s>"
+    bad = {"messages": [{"role": "assistant", "content": "An oak."}]}
+    with pytest.raises(DataError, match="roles must alternate"):
+        render(op, [bad])
+
+
+def test_system_prompt_option_and_empty_assistant_turn(tok_dirs):
+    op = RenderChat(tokenizer=tok_dirs["chatml"], system_prompt="Be brief.")
+    conv = {
+        "messages": [
+            {"role": "user", "content": "Say nothing."},
+            {"role": "assistant", "content": ""},
+        ]
+    }
+    (out,) = render(op, [conv])
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    assert decode(op, ids).startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
+    assert trained_runs(op, ids, mask) == ["<|im_end|>"]  # the model learns to stop
+
+
+def test_prompt_completion_trains_completion_and_eos(tok_dirs):
+    op = RenderChat(tokenizer=tok_dirs["chatml"])
+    (out,) = render(op, [{"prompt": "Question: where?\nAnswer:", "completion": " by the river"}])
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    # EOS: tokenizer_config's eos_token (<|im_end|> for this chat tokenizer).
+    assert trained_runs(op, ids, mask) == [" by the river<|im_end|>"]
+    no_eos = RenderChat(tokenizer=tok_dirs["chatml"], completion_eos=False)
+    (out,) = render(no_eos, [{"prompt": "Q:", "completion": " yes"}])
+    assert trained_runs(no_eos, out.payload["input_ids"], out.payload["loss_mask"]) == [" yes"]
+
+
+def test_token_mask_overlap_rule():
+    offsets = np.array([[0, 3], [3, 5], [5, 5], [5, 9]])
+    assert token_mask(offsets, ((4, 6),)).tolist() == [0, 1, 1, 1]
+    assert token_mask(offsets, ((0, 3), (9, 10))).tolist() == [1, 0, 0, 0]
+    assert token_mask(offsets, ()).tolist() == [0, 0, 0, 0]
+
+
+# ---------------------------------------------------------------------------- golden tests
+
+GOLDEN_CONVERSATIONS: dict[str, dict[str, Any]] = {
+    "multi_turn": {
+        "messages": [
+            {"role": "user", "content": "What is a river?"},
+            {"role": "assistant", "content": "Water that flows to the sea."},
+            {"role": "user", "content": "And a lake?"},
+            {"role": "assistant", "content": "Water that stays."},
+        ]
+    },
+    "system_prompt": {
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Hi."},
+        ]
+    },
+    "empty_assistant": {
+        "messages": [
+            {"role": "user", "content": "Reply with nothing."},
+            {"role": "assistant", "content": ""},
+        ]
+    },
+    "non_ascii": {
+        "messages": [
+            {"role": "user", "content": "Wie heißt das Café? 日本語で答えて。"},
+            {"role": "assistant", "content": "Es heißt «Über». カフェです 🙂"},
+        ]
+    },
+    "long_turn": {
+        "messages": [
+            {"role": "user", "content": "Count."},
+            {"role": "assistant", "content": " ".join(str(i) for i in range(200))},
+        ]
+    },
+}
+MAX_LENGTH = {"byte": 200, "bpe": 96}  # every conversation fits but long_turn
+
+# sha256 of (input_ids int32 bytes + loss_mask bytes), first 16 hex digits, per conversation.
+GOLDEN_BYTE = {
+    "multi_turn": "99c55014587ffe4d",
+    "system_prompt": "908a88f32ae6a425",
+    "empty_assistant": "9d4f39f62217c9e1",
+    "non_ascii": "d5dad93f50bfce2c",
+    "long_turn": "15b191b3a70d6046",
+}
+# The BPE tokenizer is trained on the spot (chat_helpers); tokenizers' trainer is
+# deterministic for the same input, so its tokens are pinned too.
+GOLDEN_BPE = {
+    "multi_turn": "1f683690c056652f",
+    "system_prompt": "eed719fdcace4dfd",
+    "empty_assistant": "f352a2a19d8dc491",
+    "non_ascii": "0d9212838e580167",
+    "long_turn": "10ee735126b37e74",
+}
+
+
+def digest(out: SampleRecord) -> str:
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    return hashlib.sha256(ids.astype("<i4").tobytes() + mask.tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_golden_rendered_tokens_and_masks(tmp_path, tok_dirs, tokenizer):
+    if tokenizer == "byte":
+        template = tmp_path / "chatml.jinja"
+        template.write_text(CHATML)
+        op = RenderChat(tokenizer="byte", template=str(template), max_length=MAX_LENGTH["byte"])
+        golden = GOLDEN_BYTE
+    else:
+        op = RenderChat(tokenizer=tok_dirs["chatml"], max_length=MAX_LENGTH["bpe"])
+        golden = GOLDEN_BPE
+    outs = render(op, list(GOLDEN_CONVERSATIONS.values()))
+    got = {name: digest(out) for name, out in zip(GOLDEN_CONVERSATIONS, outs)}
+    by_name = dict(zip(GOLDEN_CONVERSATIONS, outs))
+    for name, conv in GOLDEN_CONVERSATIONS.items():
+        out = by_name[name]
+        runs = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
+        answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
+        if name == "long_turn":  # cut at max_length: the kept part of the answer is trained
+            assert len(out.payload["input_ids"]) == MAX_LENGTH[tokenizer]
+            assert len(runs) == 1 and answers[0].startswith(runs[0]) and len(runs[0]) > 20
+        else:
+            assert runs == [a + "<|im_end|>" for a in answers], name
+    assert got == golden, got
+
+
+# ------------------------------------------------------------------------ templates found
+
+
+def test_template_sources(tmp_path):
+    named = [
+        {"name": "tool_use", "template": "{{ 'tools' }}"},
+        {"name": "default", "template": CHATML},
+    ]
+    path = chat_tokenizer(tmp_path / "list", chat_template=named)
+    assert "im_start" in RenderChat(tokenizer=path).source.text
+    path = chat_tokenizer(tmp_path / "jinja", chat_template=None)
+    with pytest.raises(ConfigError, match="no chat template"):
+        RenderChat(tokenizer=path)
+    (tmp_path / "jinja" / "chat_template.jinja").write_text(CHATML)
+    assert RenderChat(tokenizer=path).source.origin.endswith("chat_template.jinja")
+    own = tmp_path / "own.jinja"
+    own.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    assert RenderChat(tokenizer=path, template=str(own)).source.origin == str(own)
+    fingerprints = {RenderChat(tokenizer=path).params()["template"]}
+    fingerprints.add(RenderChat(tokenizer=path, template=str(own)).params()["template"])
+    assert len(fingerprints) == 2  # the template enters the pipeline fingerprint
+    own.write_text("{% for m in messages %}")
+    with pytest.raises(ConfigError, match="syntax error"):
+        RenderChat(tokenizer=path, template=str(own))
+
+
+def test_strftime_now_uses_the_configured_date(tmp_path):
+    template = tmp_path / "dated.jinja"
+    template.write_text(
+        "Today: {{ strftime_now('%d %b %Y') }}\n"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<end>\n{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template), date="2024-07-26")
+    conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    (out,) = render(op, [conv])
+    assert decode(op, out.payload["input_ids"]).startswith("Today: 26 Jul 2024\n")
+    assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == ["a<end>"]
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"train_on": "assistants"}, "train_on must be one of"),
+        ({"max_length": 0}, "max_length must be an integer >= 1"),
+        ({"date": "yesterday"}, "date must be an ISO date"),
+        ({"messages_field": ""}, "messages_field must be a non-empty string"),
+    ],
+)
+def test_bad_parameters_are_config_errors(tok_dirs, params, match):
+    with pytest.raises(ConfigError, match=match):
+        RenderChat(tokenizer=tok_dirs["chatml"], **params)
+
+
+# ------------------------------------------------------------------ bad records, on_error
+
+BAD_ROWS: dict[int, tuple[Any, str]] = {
+    2: (b'{"messages": [', "malformed"),
+    4: ({"text": "no messages here"}, "chat_error"),
+    6: ({"messages": [{"role": "user", "content": ["parts"]}]}, "chat_error"),
+    8: ({"messages": [{"role": "user", "content": "only a question"}]}, "mask_empty"),
+    10: ({"prompt": "", "completion": "everything trained"}, "mask_full"),
+    12: ({"messages": "not a list"}, "chat_error"),
+    14: (
+        {
+            "messages": [
+                {"role": "system", "content": "word " * 200},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"},
+            ]
+        },
+        "mask_truncated",
+    ),
+    16: (
+        {
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            "extra": 1,
+        },
+        "",
+    ),
+}
+FIX_TEXT = {
+    "malformed": "bad JSON",
+    "chat_error": "fix the record or the chat template",
+    "mask_empty": "nothing to learn",
+    "mask_full": "every token of this prompt/completion record would be trained",
+    "mask_truncated": "raise render_chat.max_length",
+}
+
+
+def bad_corpus(tmp_path: Path) -> tuple[Path, list[Any]]:
+    convs: list[Any] = list(generate_conversations(20, seed=11))
+    for row, (value, _) in BAD_ROWS.items():
+        convs[row] = value
+    path = write_jsonl(tmp_path / "bad" / "chat.jsonl", convs)
+    return path, convs
+
+
+def chat_config(path: Path, tok: str, on_error: str, runner: str = "inline", workers: int = 1):
+    data = {
+        "seed": 5,
+        "lanes": 2,
+        "chunk_size": 4,
+        "flush_every_k_chunks": 2,
+        "datasets": [{"name": "chat", "path": str(path), "weight": 1.0, "on_error": on_error}],
+        "pipeline": [
+            {"render_chat": {"tokenizer": tok, "max_length": 64}},
+            {"batch": {"microbatch_size": 2, "drop_last": False}},
+        ],
+        "execution": {"runner": runner, "workers": workers},
+    }
+    return parse_config(yaml.safe_load(yaml.safe_dump(data)))
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_bad_records_are_skipped_and_counted_with_their_reasons(tmp_path, tok_dirs, runner):
+    path, _ = bad_corpus(tmp_path)
+    pipe, execution = chat_config(path, tok_dirs["chatml"], "skip", runner, 2)
+    run = pipe.run(execution)
+    rows: set[int] = set()
+    tombstones: Counter = Counter()
+    for item in run:
+        if isinstance(item, NumberedBatch):
+            rows.update(m.doc.row for m in item.rows)
+            tombstones.update((m.doc.row, m.tombstone) for m in item.tombstones)
+            assert item.tensors["loss_mask"].dtype == np.uint8
+    for log in run.logs.values():
+        tombstones.update((m.doc.row, m.tombstone) for m in log.tail_tombstones)
+    expected = {(row, reason) for row, (_, reason) in BAD_ROWS.items() if reason}
+    assert set(tombstones) == expected and set(tombstones.values()) == {1}
+    assert rows == set(range(20)) - {row for row, _ in expected}
+    stats = run.stats()
+    assert stats["skipped"] == {"chat": len(expected)}
+    assert {reason: n for reason, n in stats["tombstones"].items()} == Counter(
+        reason for _, reason in expected
+    )
+
+
+@pytest.mark.parametrize("row", sorted(r for r, (_, reason) in BAD_ROWS.items() if reason))
+def test_bad_record_fails_naming_file_line_reason_and_fix(tmp_path, tok_dirs, row):
+    path, convs = bad_corpus(tmp_path)
+    good = generate_conversations(20, seed=11)
+    convs = [convs[i] if i == row else good[i] for i in range(20)]
+    write_jsonl(path, convs)
+    pipe, execution = chat_config(path, tok_dirs["chatml"], "fail")
+    with pytest.raises(DataError) as info:
+        for _ in pipe.run(execution):
+            pass
+    message = str(info.value)
+    assert message.startswith(f"dataset 'chat': {path}:line {row + 1}: "), message
+    assert FIX_TEXT[BAD_ROWS[row][1]] in message
+    assert "set on_error: skip on dataset 'chat'" in message
+
+
+def test_a_turn_rendered_differently_when_last_is_still_attributed(tmp_path):
+    # The last turn renders differently from earlier ones (as Qwen3's final assistant turn
+    # opens with an empty <think> block): contents are placed in the full rendering, so the
+    # earlier assistant turn is attributed all the same.
+    template = tmp_path / "last.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if loop.last %}{{ m['role'] }}: {{ m['content'] }}|"
+        "{% else %}{{ m['role'] | upper }}: {{ m['content'] }}|{% endif %}{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template))
+    conv = {"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]}
+    (out,) = render(op, [conv])
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    assert decode(op, ids) == "ASSISTANT: a|user: b|"
+    assert trained_runs(op, ids, mask) == ["a|"]
+
+
+def test_text_around_a_turn_that_depends_on_its_content_is_a_chat_error(tmp_path):
+    # The header changes with the content: where the content sits cannot be told apart from
+    # what the template wrote because of it.
+    template = tmp_path / "peeking.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if 'secret' in m['content'] %}!{% endif %}"
+        "{{ m['role'] }}: {{ m['content'] }}|{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template))
+    conv = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a secret"},
+        ]
+    }
+    with pytest.raises(DataError, match="differently depending on its content"):
+        render(op, [conv])
+
+
+# ------------------------------------------------------------ a real pipeline, every runner
+
+
+def chain_digests(pipe, execution) -> dict[int, list[str]]:
+    chains: dict[int, list[str]] = {}
+    for batch in pipe.run(execution).batches():
+        chains.setdefault(batch.lane_id, []).append(batch.chain_digest.hex())
+        mask, pad = batch.tensors["loss_mask"], batch.tensors["padding_mask"]
+        assert mask.dtype == np.uint8 and 0 < int(mask.sum()) < int(pad.sum())
+        assert not np.any(mask[~pad.astype(bool)])  # padding is never trained
+    return chains
+
+
+def test_render_chat_replaces_decode_and_tokenize(tmp_path, tok_dirs):
+    path, _ = bad_corpus(tmp_path)
+    base = {
+        "datasets": [{"name": "chat", "path": str(path), "weight": 1.0}],
+        "pipeline": [
+            {"decode_text": {}},
+            {"render_chat": {"tokenizer": tok_dirs["chatml"]}},
+            {"batch": {}},
+        ],
+    }
+    pipe, execution = parse_config(base)
+    with pytest.raises(ConfigError, match="'render_chat' replaces 'decode_text' and 'tokenize'"):
+        pipe.plan(execution)
+
+
+def test_parquet_column_of_json_conversations(tmp_path, tok_dirs):
+    """A Parquet dataset whose ``text_field`` column holds each record as JSON text renders
+    exactly like the same records in JSONL."""
+    from zephon_server.engine.corpus import write_parquet
+
+    convs = generate_conversations(24, seed=4)
+    write_parquet(
+        tmp_path / "pq" / "chat.parquet",
+        [{"conversation": json.dumps(c), "id": i} for i, c in enumerate(convs)],
+        row_group_size=8,
+    )
+    write_jsonl(tmp_path / "js" / "chat.jsonl", convs)
+
+    def rows(path: Path, **dataset: Any) -> dict[int, tuple[list[int], list[int]]]:
+        data = {
+            "lanes": 1,
+            "chunk_size": 8,
+            "datasets": [{"name": "chat", "path": str(path), "weight": 1.0, **dataset}],
+            "pipeline": [
+                {"render_chat": {"tokenizer": tok_dirs["chatml"]}},
+                {"batch": {"microbatch_size": 3, "drop_last": False}},
+            ],
+        }
+        pipe, execution = parse_config(data)
+        out = {}
+        for batch in pipe.run(execution).batches():
+            pad = batch.tensors["padding_mask"]
+            for i, meta in enumerate(batch.rows):
+                ids = batch.tensors["input_ids"][i][pad[i]].tolist()
+                out[meta.doc.row] = (ids, batch.tensors["loss_mask"][i][pad[i]].tolist())
+        return out
+
+    parquet = rows(tmp_path / "pq", text_field="conversation")
+    assert len(parquet) == 24 and parquet == rows(tmp_path / "js")
+
+
+def test_byte_offsets_from_token_lengths_equal_the_tokenizers_offsets(tok_dirs):
+    """For a byte-level BPE the offsets come from token byte lengths. They give the same mask
+    as the tokenizer's own character offsets for every range of whole characters (a token
+    holding part of a character differs only inside that character), non-ASCII and special
+    tokens included."""
+    from zephon_server.engine.token_offsets import byte_ranges
+    from zephon_server.engine.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tok_dirs["chatml"])
+    assert tok._byte_lengths is not None  # the fast path is taken
+    op = RenderChat(tokenizer=tok_dirs["chatml"])
+    texts = [op.chat_template.render(c["messages"]) for c in generate_conversations(30, seed=6)]
+    texts += [
+        "<|im_start|>user\nWie heißt das Café? 日本語 🙂<|im_end|>\n",
+        "  leading spaces and trailing  ",
+        "",
+    ]
+    fast = tok.encode_offsets(texts)
+    slow = tok._tokenizer_offsets(texts)
+    rng = np.random.default_rng(0)
+    for text, (ids_a, off_a), (ids_b, off_b) in zip(texts, fast, slow):
+        assert ids_a.tolist() == ids_b.tolist()
+        for _ in range(20):
+            lo, hi = sorted(rng.integers(0, len(text) + 1, size=2).tolist())
+            ranges = byte_ranges(text, [(lo, hi)])
+            assert token_mask(off_a, ranges).tolist() == token_mask(off_b, ranges).tolist()
+
+
+def test_tokenizer_offsets_are_used_when_lengths_do_not_tile_the_text(tmp_path):
+    """A prefix space (ByteLevel add_prefix_space) breaks the byte-length shortcut: the
+    tokenizer's offsets are used, and the mask is still exact."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    from tests.support.chat_helpers import trained_tokenizer_json
+
+    tok = Tokenizer.from_str(trained_tokenizer_json())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    directory = tmp_path / "prefix"
+    chat_tokenizer(directory)
+    tok.save(str(directory / "tokenizer.json"))
+    op = RenderChat(tokenizer=str(directory / "tokenizer.json"))
+    assert op.tokenizer._byte_lengths is None
+    conv = generate_conversations(3, seed=2)[1]
+    (out,) = render(op, [conv])
+    runs = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
+    answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
+    assert [r.strip() for r in runs] == [a + "<|im_end|>" for a in answers]
+
+
+def test_resume_of_a_chat_pipeline_at_every_step_equals_uninterrupted(tmp_path, tok_dirs):
+    """Checkpoint a render_chat + pack_flat + shuffle + batch run at every seq; each resume
+    continues with exactly the batches of the uninterrupted run."""
+    from tests.support.builders import lane_chains
+    from zephon_server.engine.chat_corpus import write_chat_corpus
+    from zephon_server.engine.checkpoint import ResumeState
+    from zephon_server.engine.datasets import DatasetSpec
+    from zephon_server.engine.pipeline import Pipeline
+    from zephon_server.engine.run import PipelineRun
+
+    write_chat_corpus(tmp_path / "chat", conversations=80, shards=2, seed=3)
+    spec = DatasetSpec("chat", str(tmp_path / "chat"), 1.0)
+    pipe = Pipeline([spec], seed=3, lanes=2, chunk_size=8, flush_every_k_chunks=2)
+    pipe.render_chat(tokenizer=tok_dirs["chatml"], train_on="last_assistant")
+    pipe.pack_flat(max_length=192).shuffle(buffer_size=4).batch(microbatch_size=2)
+    full_run = PipelineRun(pipe.plan(ExecutionConfig(runner="inline")))
+    full = lane_chains(full_run)
+    assert all(len(v) >= 4 for v in full.values())
+    for cut in range(max(len(v) for v in full.values()) + 1):
+        positions = {lane: min(cut, len(v)) for lane, v in full.items()}
+        state = ResumeState.decode(full_run.checkpoint(positions).encode())
+        plan = pipe.plan(ExecutionConfig(runner="threads", workers=2))
+        resumed = lane_chains(PipelineRun(plan, resume=state))
+        for lane, seqs in full.items():
+            assert resumed[lane] == seqs[positions[lane] :], (cut, lane)
+
+
+def test_generation_blocks_and_the_message_bound(tmp_path):
+    template = tmp_path / "generation.jinja"
+    template.write_text(
+        "{% for m in messages %}{{ m['role'] }}: "
+        "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<eot>"
+        "{% endgeneration %}{% else %}{{ m['content'] }}<eot>{% endif %}\n{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template), max_messages=3)
+    conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    (out,) = render(op, [conv])
+    assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == ["a<eot>"]
+    too_long = {"messages": conv["messages"] * 2}
+    with pytest.raises(DataError, match="has 4 messages, more than 3"):
+        render(op, [too_long])
+
+
+def test_chat_corpus_is_deterministic_and_its_template_is_chatml(tmp_path):
+    from zephon_server.engine.chat_corpus import write_chat_corpus, write_chatml_template
+
+    first = write_chat_corpus(tmp_path / "a", conversations=50, shards=2, seed=4)
+    second = write_chat_corpus(tmp_path / "b", conversations=50, shards=2, seed=4)
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+    rows = [json.loads(line) for p in first for line in p.read_text().splitlines()]
+    assert len(rows) == 50 and all(r["messages"][-1]["role"] == "assistant" for r in rows)
+    template = write_chatml_template(tmp_path / "chatml.jinja")
+    op = RenderChat(tokenizer="byte", template=str(template))
+    (out,) = render(op, [rows[0]])
+    text = decode(op, out.payload["input_ids"])
+    assert text == "".join(
+        f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in rows[0]["messages"]
+    )

