@@ -6,15 +6,19 @@ The hermetic tests of the same topic are in ``tests/unit/test_trainer_tensors.py
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.unit.test_trainer_tensors import IGNORE, MASKS_MODULE, run_chains, write_pipeline
+from tests.unit.test_trainer_tensors import IGNORE, run_chains, write_pipeline
 from zephon_server.engine.config import load_config
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.ops.trainer_tensors import next_token_labels
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.processes
@@ -33,14 +37,15 @@ def test_server_streams_the_trainer_tensors_to_the_client(tmp_path, corpus_dir):
     from zephon_proto.v1 import data_service_pb2 as pb
     from zephon_testing.servers import server
 
-    (tmp_path / "loss_masks.py").write_text(MASKS_MODULE)
+    # the server imports the pipeline's mask function as this process does: from the repository
+    pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     cfg = write_pipeline(tmp_path / "pipeline.yaml", corpus_dir)
     pipe, _ = load_config(cfg)
     want: dict[int, list[str]] = defaultdict(list)
     for batch in pipe.run(ExecutionConfig(runner="inline")).batches():
         if len(want[batch.lane_id]) < 3:
             want[batch.lane_id].append(batch.chain_digest.hex())
-    with server(["--config", str(cfg)], tmp_path) as srv:
+    with server(["--config", str(cfg)], tmp_path, env={"PYTHONPATH": pythonpath}) as srv:
         info = srv.stub().GetInfo(pb.GetInfoRequest(), timeout=10)
         assert {"labels", "cu_seqlens", "num_docs", "max_seqlen"} <= set(info.tensor_names)
         got: dict[int, list[str]] = defaultdict(list)

@@ -444,17 +444,6 @@ def test_batch_gives_rows_without_loss_mask_ones():
 
 # -- over the wire ---------------------------------------------------------------------------
 
-MASKS_MODULE = """
-import numpy as np
-
-
-def completion_mask(payload):
-    n = len(payload["input_ids"])
-    mask = np.zeros(n, dtype=np.uint8)
-    mask[n // 3 :] = 1
-    return {**payload, "loss_mask": mask}
-"""
-
 
 def test_restore_at_every_step_equals_uninterrupted(yaml_oracle):
     from tests.support.builders import lane_chains
