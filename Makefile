@@ -68,9 +68,10 @@ $(NUMPY1_VENV)/.ready: $(STAMP)
 test: lint pytest
 
 # The fast hermetic tier only (tests/unit: no sockets, subprocesses or sleeps, enforced by
-# tests/unit/conftest.py); needs nothing beyond `install`. pytest's exit code 5 (no test
+# tests/unit/conftest.py); needs nothing beyond `install` and the pinned Qwen3 tokenizer
+# (`tokenizers`, for tests/unit/test_render_chat_qwen3.py). pytest's exit code 5 (no test
 # collected) fails the target like any other.
-unit: install
+unit: install tokenizers
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit
 
 # Regenerates the checked-in protobuf/gRPC code (client/zephon_proto) from proto/ with the
