@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .lane_buffer import LaneBuffer
+from .lane_ends import DELIVER
 from .records import SampleBatch
 from .replays import SharedReplay
 from .run import EndOfLane
@@ -79,6 +80,15 @@ class HubReader(LaneReader):
                 if replay is None and self._consumer not in st.consumers:
                     self._done = True  # closed (the call was cancelled) while waiting
                     raise StopIteration
+                end_gate = hub.end_gate  # end_of_data: the lanes' frontier comes first
+                if end_gate is not None:
+                    gate = end_gate.gate(lane, self._seq)
+                    if isinstance(gate, EndOfLane):
+                        self._done = True
+                        return gate
+                    if gate != DELIVER:
+                        end_gate.wait(lane, self._seq, 0.5, hub._blocked is not None)
+                        continue
                 got = (replay or st).item(self._seq)
                 if replay is not None and isinstance(got, SampleBatch) and self._ahead(st):
                     got = None  # a replay keeps to the live log's bound too
@@ -113,7 +123,10 @@ class HubReader(LaneReader):
             if self._done or hub._problem(self._generation) is not None:
                 return out  # the next __next__ reports it
             source = replay or st
-            while len(out) < limit:
+            end_gate = hub.end_gate  # end_of_data: only what the frontier lets out
+            while len(out) < limit and (
+                end_gate is None or end_gate.gate(self._lane, self._seq) == DELIVER
+            ):
                 batch = source.item(self._seq)
                 if not isinstance(batch, SampleBatch) or (replay is not None and self._ahead(st)):
                     break
@@ -131,13 +144,25 @@ class HubReader(LaneReader):
         are produced, or until ``deadline``, the lane's end, the consumer's close or a run
         problem, whichever comes first."""
         hub = self._hub
+        end_gate = hub.end_gate  # end_of_data: batches count once the frontier lets them out
         while (
-            st.next_seq - self._seq < count
+            self._deliverable(st) - self._seq < count
             and st.end is None
+            and (end_gate is None or end_gate.ends.end is None)
             and self._consumer in st.consumers
             and hub._problem(self._generation) is None
         ):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            hub._await_batch(st, hub._lane_conds[self._lane], left)
+            if end_gate is not None and st.next_seq - self._seq >= count:
+                end_gate.wait(self._lane, self._seq + count - 1, left, hub._blocked is not None)
+            else:
+                hub._await_batch(st, hub._lane_conds[self._lane], left)
+
+    def _deliverable(self, st: LaneBuffer) -> int:
+        """The lane's next seq not yet produced, or not yet let out by the frontier."""
+        end_gate = self._hub.end_gate
+        if end_gate is None:
+            return st.next_seq
+        return min(st.next_seq, end_gate.ends.frontier)

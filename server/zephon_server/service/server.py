@@ -47,6 +47,7 @@ from ..engine.checkpoint import (
 from ..engine.checkpoint_key import CheckpointKey
 from ..engine.errors import ZephonError
 from ..engine.hub import LaneHub
+from ..engine.lane_ends import check_served
 from ..engine.replay_cache import ReplayCache
 from ..stop_signals import StopSignals
 from .auth import TokenAuthInterceptor
@@ -387,10 +388,17 @@ class Server:
         creds = _credentials(args)  # before the slow part: bad TLS files fail at once
         self.checkpoint_key = checkpoint_key_from_args(args)
         self.store = store_from_args(args, self.checkpoint_key)
+        lanes = parse_lanes(args.lanes)
+        check_served(  # end_of_data: a lane-sharded server cannot know the common end
+            pipeline.end_of_data,
+            lanes,
+            pipeline.lanes,
+            finite=all(spec.exhaustion == "stop" for spec in pipeline.datasets),
+        )
         self.hub = LaneHub(
             pipeline,
             execution,
-            lanes=parse_lanes(args.lanes),
+            lanes=lanes,
             store=self.store,
             max_ahead=args.max_ahead,
             replay_cache=replay_cache_from_args(args),
