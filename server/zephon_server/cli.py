@@ -221,8 +221,10 @@ def cmd_dump(args: argparse.Namespace) -> int:
 def _dump_lanes(plan: Any, lanes: list[int] | None, resume: Any) -> list[int] | None:
     """The lanes ``zephon dump`` runs: every lane when it shows some lanes of a ``shortest``
     pipeline (the common end needs every lane's length), else the ones it shows."""
+    from .engine.lane_ends import applies
+
     n = plan.pipeline.lanes
-    if lanes is None or plan.pipeline.end_of_data != "shortest":
+    if lanes is None or not applies(plan.pipeline, range(n)):
         return lanes
     if resume is not None and sorted(resume.lanes) != list(range(n)):
         return lanes  # resume state of some lanes: only those can run

@@ -59,7 +59,7 @@ class EndGate:
         """The gate of ``run`` when the common end applies (``shortest``, every lane served
         here); None otherwise."""
         pipeline = run.plan.pipeline
-        if not applies(pipeline.end_of_data, lanes, pipeline.lanes):
+        if not applies(pipeline, lanes):
             return None
         starts = {lane: (log.start.next_seq, log.start.chain) for lane, log in run.logs.items()}
         return cls(LaneEnds(pipeline.end_of_data, starts), state, conds, wake_all)
@@ -87,6 +87,12 @@ class EndGate:
     def wanted(self, lane: int) -> bool:
         """Whether a reader waits on the frontier for ``lane`` to produce more."""
         return self._demand.get(lane, 0) > 0
+
+    def any_wanted(self) -> int | None:
+        """A lane some reader waits on the frontier for, or None. The producer must not wait
+        at a full lane then (the pipeline's next batch may be that full lane's, ahead of the
+        wanted lane's): it keeps the full lane's batches up to the cap instead."""
+        return next((lane for lane, n in self._demand.items() if n > 0), None)
 
     def gate(self, lane: int, seq: int) -> str | EndOfLane:
         """For a reader of ``lane`` at ``seq``: DELIVER, WAIT, or the lane's end."""

@@ -359,8 +359,9 @@ class LaneHub:
         """Another lane with a reader or checkpoint waiting for its next batch, which the
         pipeline can give it (its log is not full): waiting for ``lane``'s consumers then
         might never end. None if there is none."""
-        if self.end_gate is not None and self.end_gate.wanted(lane):
-            return lane  # end_of_data: a reader of another lane waits for this one
+        wanted = self.end_gate.any_wanted() if self.end_gate is not None else None
+        if wanted is not None:
+            return wanted  # end_of_data: a reader waits on the frontier for that lane
         for key, other in self._state.items():
             if key != lane and other.waiting and other.end is None and not self._full(other):
                 return key

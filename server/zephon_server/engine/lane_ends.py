@@ -269,21 +269,33 @@ def _release(
         yield LaneEnd(lane)
 
 
-def applies(policy: str, lanes: Sequence[int], num_lanes: int) -> bool:
-    """Whether a consumer of ``lanes`` (of ``num_lanes``) applies the ``shortest`` end: it
-    needs every lane (a subset cannot know the others' ends)."""
-    return policy == SHORTEST and sorted(lanes) == list(range(num_lanes))
+def finite(pipeline: Any) -> bool:
+    """Whether ``pipeline``'s lanes end: every dataset has ``exhaustion: stop`` (one that
+    repeats keeps every lane going forever, and there is no end to agree on)."""
+    return all(spec.exhaustion == "stop" for spec in pipeline.datasets)
 
 
-def check_served(policy: str, lanes: Sequence[int] | None, num_lanes: int, finite: bool) -> None:
+def applies(pipeline: Any, lanes: Sequence[int]) -> bool:
+    """Whether a consumer of ``lanes`` of ``pipeline`` applies the common end: ``shortest``,
+    a finite stream, and every lane (a subset cannot know the others' ends)."""
+    return (
+        pipeline.end_of_data == SHORTEST
+        and sorted(lanes) == list(range(pipeline.lanes))
+        and finite(pipeline)
+    )
+
+
+def check_served(pipeline: Any, lanes: Sequence[int] | None) -> None:
     """Refuse a server of some lanes (``--lanes``) of a finite ``shortest`` stream: the common
     end needs every lane's length, which a lane-sharded server never sees, so its ranks would
     end at different seqs (:class:`ConfigError` naming both fixes)."""
-    if not finite or lanes is None or applies(policy, lanes, num_lanes) or policy != SHORTEST:
+    if pipeline.end_of_data != SHORTEST or not finite(pipeline) or lanes is None:
+        return
+    if sorted(set(lanes)) == list(range(pipeline.lanes)):
         return
     raise ConfigError(
         f"end_of_data: shortest needs every lane in one server (the common end is the "
-        f"shortest of all {num_lanes} lanes), but this server serves lanes {sorted(lanes)} of "
+        f"shortest of all {pipeline.lanes} lanes), but this server serves lanes {sorted(lanes)} of "
         "a finite stream (every dataset has exhaustion: stop); serve all lanes (drop "
         "--lanes), or set end_of_data: longest (each lane ends at its own end)"
     )

@@ -155,8 +155,10 @@ class HubReader(LaneReader):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            if end_gate is not None and st.next_seq - self._seq >= count:
-                end_gate.wait(self._lane, self._seq + count - 1, left, hub._blocked is not None)
+            frontier = end_gate.ends.frontier if end_gate is not None else st.next_seq
+            if end_gate is not None and frontier < min(st.next_seq, self._seq + count):
+                # the lane has them, the frontier not yet: wait as demand for the lagging lanes
+                end_gate.wait(self._lane, frontier, left, hub._blocked is not None)
             else:
                 hub._await_batch(st, hub._lane_conds[self._lane], left)
 

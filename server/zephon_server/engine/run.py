@@ -173,7 +173,7 @@ class PipelineRun:
         self.logs = {lane: LaneLog(lane, starts[lane], retention) for lane in self.lanes}
         #: The common end applied by iteration (None: each lane runs to its own end).
         self.ends: LaneEnds | None = None
-        if apply_end and applies(p.end_of_data, self.lanes, n):
+        if apply_end and applies(p, self.lanes):
             self.ends = LaneEnds(
                 p.end_of_data, {lane: (s.next_seq, s.chain) for lane, s in starts.items()}
             )

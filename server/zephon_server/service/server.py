@@ -389,12 +389,7 @@ class Server:
         self.checkpoint_key = checkpoint_key_from_args(args)
         self.store = store_from_args(args, self.checkpoint_key)
         lanes = parse_lanes(args.lanes)
-        check_served(  # end_of_data: a lane-sharded server cannot know the common end
-            pipeline.end_of_data,
-            lanes,
-            pipeline.lanes,
-            finite=all(spec.exhaustion == "stop" for spec in pipeline.datasets),
-        )
+        check_served(pipeline, lanes)  # end_of_data: a lane-sharded server lacks the end
         self.hub = LaneHub(
             pipeline,
             execution,
