@@ -147,8 +147,7 @@ class HubReader(LaneReader):
         end_gate = hub.end_gate  # end_of_data: batches count once the frontier lets them out
         while (
             self._deliverable(st) - self._seq < count
-            and st.end is None
-            and (end_gate is None or end_gate.ends.end is None)
+            and (st.end if end_gate is None else end_gate.ends.end) is None
             and self._consumer in st.consumers
             and hub._problem(self._generation) is None
         ):
