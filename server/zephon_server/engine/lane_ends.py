@@ -118,7 +118,10 @@ class LaneEnds:
         st.produced = batch.seq + 1
         if not self.cutting:
             return True
-        st.entries.append((batch.seq, batch.chain_digest, batch.rows, batch.tombstones))
+        # Only rows that close a document matter to the end (a huge document's rows but its
+        # last close nothing): what a cut tail costs stays small.
+        closing = tuple(meta for meta in batch.rows if meta.closes)
+        st.entries.append((batch.seq, batch.chain_digest, closing, batch.tombstones))
         self._prune()
         end = self.end
         return end is None or batch.seq < end
@@ -198,7 +201,7 @@ class LaneEnds:
             if seq == end - 1:
                 chain = after
             if seq >= end:
-                closes.extend(meta.as_tombstone(CUT_REASON) for meta in rows if meta.closes)
+                closes.extend(meta.as_tombstone(CUT_REASON) for meta in rows)
                 closes.extend(tombstones)
         assert chain is not None, f"lane {lane}: chain at seq {end} was pruned"
         return LaneEndItem(end, chain, (*closes, *st.tail))
