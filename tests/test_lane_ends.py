@@ -218,3 +218,15 @@ def test_a_resume_at_any_positions_ends_at_the_same_seq(both, corpus_specs):
         assert sorted(ended) == [0, 1, 2, 3]
         assert chains == {lane: v[cut[lane] :] for lane, v in shortest.items()}
         assert resumed.stats()["end_of_data"]["end"] == end
+
+
+def test_a_lane_resumed_past_the_common_end_ends_where_it_is(caplog):
+    caplog.set_level("WARNING", "zephon_server.engine.lane_ends")
+    """A checkpoint of a run that ended lanes later (``longest``, or an older server)."""
+    ends = LaneEnds("shortest", {0: (2, b"a" * 32), 1: (7, b"b" * 32)})
+    ends.finish(0, 2, [])
+    ends.add(batch(1, 7))
+    assert ends.end == 2 and ends.status(7) == END
+    item = ends.end_of(1)
+    assert item is not None and (item.next_seq, item.chain) == (7, b"b" * 32)
+    assert "past the common end 2" in caplog.text

@@ -193,6 +193,19 @@ class LaneEnds:
         all produced); None before."""
         end = self.end
         st = self._lanes[lane]
+        start = self._starts[lane]
+        if (
+            end is not None and start > end
+        ):  # resumed past the common end (a checkpoint of a ``longest`` run)
+            log.warning(
+                "lane %d: resumed at seq %d, past the common end %d of end_of_data: shortest "
+                "(the checkpoint comes from a run that ended lanes later); the lane ends at "
+                "its resume position",
+                lane,
+                start,
+                end,
+            )
+            return LaneEndItem(start, self._lanes[lane].base[1], ())
         if end is None or st.natural is None:
             return None
         closes: list[SampleMeta] = []
