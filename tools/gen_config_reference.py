@@ -57,6 +57,12 @@ TOP_LEVEL = {
     "chunk_size": "Sample pointers per chunk: the unit of scheduling, lane routing and replay.",
     "flush_every_k_chunks": "A flush sentinel (epoch boundary) every K chunks per lane. Resume "
     "replays at most K chunks per lane; stateful operators reset there.",
+    "end_of_data": "Where the lanes of a finite stream (every dataset `exhaustion: stop`) end: "
+    "`shortest` ends every lane at the seq where the shortest lane ended, so every "
+    "data-parallel rank takes the same number of steps (what the longer lanes make beyond it "
+    "is cut, counted as dropped); `longest` runs each lane to its own end. Shapes the data: "
+    "`longest` enters the fingerprint. The common end needs every lane in one server "
+    "(a lane-sharded server refuses `shortest` on finite data).",
     "datasets": "The datasets (see below); a non-empty list.",
     "pipeline": "The operator chain (see below); a non-empty list ending with `batch`.",
     "execution": "How the pipeline runs (see below). Never changes the data.",

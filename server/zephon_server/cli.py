@@ -75,12 +75,15 @@ def cmd_dump(args: argparse.Namespace) -> int:
         from .engine.checkpoint import read_state_file
 
         resume = read_state_file(args.resume_state, key)
-    run = PipelineRun(plan, lanes=lanes, resume=resume)
+    run = PipelineRun(plan, lanes=_dump_lanes(plan, lanes, resume), resume=resume)
+    shown = run.lanes if lanes is None else sorted(set(lanes))
     wanted = args.batches
-    counts = dict.fromkeys(run.lanes, 0)
-    open_lanes = set(run.lanes)
+    counts = dict.fromkeys(shown, 0)
+    open_lanes = set(shown)
     out = sys.stdout
     for item in run:
+        if item.lane_id not in counts:
+            continue  # a lane run only for the common end (end_of_data)
         if not isinstance(item, NumberedBatch):
             open_lanes.discard(item.lane_id)
         elif counts[item.lane_id] < wanted:
@@ -111,6 +114,19 @@ def cmd_dump(args: argparse.Namespace) -> int:
         write_atomic(args.save_state, run.checkpoint(positions).encode(key))
         log.info("saved resume state at %s to %s", positions, args.save_state)
     return 0
+
+
+def _dump_lanes(plan: Any, lanes: list[int] | None, resume: Any) -> list[int] | None:
+    """The lanes ``zephon dump`` runs: every lane when it shows some lanes of a ``shortest``
+    pipeline (the common end needs every lane's length), else the ones it shows."""
+    from .engine.lane_ends import applies
+
+    n = plan.pipeline.lanes
+    if lanes is None or not applies(plan.pipeline, range(n)):
+        return lanes
+    if resume is not None and sorted(resume.lanes) != list(range(n)):
+        return lanes  # resume state of some lanes: only those can run
+    return list(range(n))
 
 
 def cmd_run_default(args: argparse.Namespace) -> int:

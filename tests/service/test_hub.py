@@ -125,8 +125,12 @@ def test_messages_never_pass_the_send_window(hub):
 
 @pytest.fixture
 def gated_hub(corpus_specs):
-    """A hub that may run only 2 batches ahead of its slowest consumer (threads x2)."""
-    pipe = Pipeline(corpus_specs, lanes=2, chunk_size=5, flush_every_k_chunks=1)
+    """A hub that may run only 2 batches ahead of its slowest consumer (threads x2). Every
+    lane to its own end: a reader waiting at the common end of a finite stream would count as
+    demand for the other lane and keep the producer going (end_of_data: shortest)."""
+    pipe = Pipeline(
+        corpus_specs, lanes=2, chunk_size=5, flush_every_k_chunks=1, end_of_data="longest"
+    )
     pipe.decode_text().tokenize().batch(microbatch_size=3)
     hub = LaneHub(pipe, ExecutionConfig(runner="threads", workers=2), max_ahead=2)
     hub.start()

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.service
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, corpus_dir):
     work = tmp_path_factory.mktemp("sharding")
-    cfg = write_config(work / "pipeline.yaml", corpus_dir, lanes=8, chunk_size=8)
+    # Lane-sharded servers cannot know the other shards' lane ends: end_of_data shortest is
+    # refused for them on finite data (test_lane_ends_service.py), so each lane runs to its end.
+    cfg = write_config(
+        work / "pipeline.yaml", corpus_dir, lanes=8, chunk_size=8, end_of_data="longest"
+    )
     return cfg, work, dump_digests(cfg, 1000)
 
 
@@ -159,7 +163,9 @@ def test_checkpoint_on_two_shards_resumes_exactly_on_one_server_and_on_other_sha
 
 def test_merging_overlapping_or_foreign_checkpoints_is_refused(setup, tmp_path, corpus_dir):
     cfg, work, _ = setup
-    other = write_config(tmp_path / "other.yaml", corpus_dir, lanes=8, chunk_size=8, seed=99)
+    other = write_config(
+        tmp_path / "other.yaml", corpus_dir, lanes=8, chunk_size=8, seed=99, end_of_data="longest"
+    )
     with (
         server(serve_args(cfg, "0-3"), work) as a,
         server(serve_args(other, "4-7"), work) as b,

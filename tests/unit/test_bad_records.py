@@ -42,7 +42,11 @@ EOS = 257  # the byte tokenizer's
 
 
 def pipeline(spec: DatasetSpec, *, map_fn: Any = None) -> Pipeline:
-    pipe = Pipeline([spec], seed=3, lanes=2, chunk_size=4, flush_every_k_chunks=2).decode_text()
+    # Every good document must be delivered: each lane runs to its own end (with end_of_data
+    # shortest the longer lane's last batches would be cut, their documents closed as cut).
+    pipe = Pipeline(
+        [spec], seed=3, lanes=2, chunk_size=4, flush_every_k_chunks=2, end_of_data="longest"
+    ).decode_text()
     if map_fn is not None:
         pipe.map_transform(fn=map_fn)
     return pipe.tokenize().batch(microbatch_size=3, drop_last=False)

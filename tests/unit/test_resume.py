@@ -23,8 +23,17 @@ def small_specs(tmp_path_factory):
     return sample_corpus_specs(root)
 
 
-def stateful(specs, algorithm="streaming", *, lanes=2, chunk_size=8, k=2, batch=3):
-    pipe = Pipeline(specs, seed=11, lanes=lanes, chunk_size=chunk_size, flush_every_k_chunks=k)
+def stateful(
+    specs, algorithm="streaming", *, lanes=2, chunk_size=8, k=2, batch=3, end_of_data="shortest"
+):
+    pipe = Pipeline(
+        specs,
+        seed=11,
+        lanes=lanes,
+        chunk_size=chunk_size,
+        flush_every_k_chunks=k,
+        end_of_data=end_of_data,
+    )
     pipe.decode_text().tokenize(tokenizer="byte")
     pipe.ensure_mixture(buffer_size=16)
     pipe.pack_flat(max_length=96, algorithm="best_fit")
@@ -104,7 +113,9 @@ def lanes_for(rank, world, num_lanes):
 
 
 def test_elastic_4_to_2_to_8_ranks(small_specs):
-    pipe = stateful(small_specs, lanes=8, chunk_size=4, k=2, batch=2)
+    # Each rank runs its own lanes in-process; such a run cannot know the other lanes' ends, so
+    # every lane runs to its own end (end_of_data across ranks: test_lane_ends_service.py).
+    pipe = stateful(small_specs, lanes=8, chunk_size=4, k=2, batch=2, end_of_data="longest")
     full_run = pipe.run(ExecutionConfig(runner="inline"))
     full: dict[int, list] = {lane: [] for lane in range(8)}
     for b in full_run.batches():
@@ -149,7 +160,9 @@ def test_elastic_4_to_2_to_8_ranks(small_specs):
 def test_state_is_small_whatever_the_chunk_size(small_specs):
     sizes = []
     for chunk_size in (4, 64, 1024):
-        pipe = stateful(small_specs, lanes=2, chunk_size=chunk_size)
+        # With chunks of 1024 every document is in lane 1's only chunk and lane 0 makes no
+        # batch: end_of_data shortest would end both lanes at 0.
+        pipe = stateful(small_specs, lanes=2, chunk_size=chunk_size, end_of_data="longest")
         run = pipe.run(ExecutionConfig(runner="inline"))
         per_lane(run, limit=1)
         state = run.checkpoint()

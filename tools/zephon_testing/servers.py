@@ -29,8 +29,10 @@ def write_config(
     extra_ops=(),
     batch=4,
     exhaustion="stop",
+    end_of_data: str | None = None,
 ) -> Path:
-    """A YAML pipeline over the test corpus (pack + shuffle by default)."""
+    """A YAML pipeline over the test corpus (pack + shuffle by default); ``end_of_data`` is
+    written only when given (unset: the default, ``shortest``)."""
     ops = [{"decode_text": {}}, {"tokenize": {"tokenizer": "byte"}}]
     ops += list(extra_ops) or [{"pack_flat": {"max_length": 256}}, {"shuffle": {"buffer_size": 8}}]
     ops.append({"batch": {"microbatch_size": batch}})
@@ -63,6 +65,8 @@ def write_config(
         "pipeline": ops,
         "execution": {"runner": "threads", "workers": 2},
     }
+    if end_of_data is not None:
+        cfg["end_of_data"] = end_of_data
     path.write_text(yaml.safe_dump(cfg))
     return path
 

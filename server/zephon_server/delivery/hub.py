@@ -21,6 +21,10 @@ Memory is bounded per lane, in two steps:
   batches instead, up to ``cap = limit + overflow(max_ahead)``; past that, its batches are
   *not kept* (their digests still chain) and whoever reads them gets them from a replay.
 
+With ``end_of_data: shortest`` readers are also gated by the lanes' *frontier*
+(:mod:`.end_gate`): seq ``s`` goes out once every lane has produced it, and a reader waiting on
+it counts as demand for the lanes it waits for. The call sites are marked ``end_of_data:``.
+
 A lane's log is therefore one contiguous run of batches, possibly followed by a *gap* of
 batches not kept (up to ``next_seq``); nothing is kept past a gap, and the log starts afresh
 once no live consumer reads before it. Consumed batches are kept ``keep_consumed`` deep for
@@ -55,6 +59,7 @@ from ..engine.planner import Plan
 from ..engine.records import LaneEnd
 from ..engine.replay_cache import ReplayCache
 from ..engine.run import EndOfLane, PipelineRun
+from .end_gate import EndGate
 from .lane_buffer import LaneBuffer
 from .readers import LaneReader
 from .replays import ReplayLimit, ReplayPool, SharedReplay
@@ -152,6 +157,8 @@ class LaneHub:
         self._generation = 0
         self._state: dict[int, LaneBuffer] = {}
         self._blocked: int | None = None  # the lane whose full log the producer waits on
+        #: end_of_data: the frontier of the current run (None: each lane to its own end).
+        self.end_gate: EndGate | None = None
         self.producer_waits = 0
         self.resumed_from: str | None = None
         self._manifest_saved = False
@@ -214,6 +221,7 @@ class LaneHub:
                 gate=self,
                 replay_cache=self.replay_cache,
                 checkpoint_floor=self._checkpoint_floor,
+                apply_end=False,  # end_of_data: the hub gates its readers itself
             )
         except ConfigError as exc:
             if resume is None:
@@ -231,6 +239,9 @@ class LaneHub:
             for lane in self.lanes:
                 start = run.logs[lane].start.next_seq
                 self._state[lane] = LaneBuffer(lane, start, next_seq=start, acked=start)
+            self.end_gate = EndGate.of(
+                run, self.lanes, self._state, self._lane_conds, self._wake_all
+            )
             gen = self._generation
             self._wake_all()  # readers of the previous run end (HubClosed: reopen the lane)
             self._thread = threading.Thread(
@@ -286,6 +297,9 @@ class LaneHub:
     def ready(self, lane: int) -> bool:
         with self._cond:
             st = self._state.get(lane)
+            gate = self.end_gate  # end_of_data: a lane the frontier waits for, or a cut tail
+            if st is not None and gate is not None and (gate.wanted(lane) or gate.past_end(st)):
+                return True
             return st is None or st.next_seq - st.slowest() < self.max_ahead
 
     def wait(self, timeout: float) -> None:
@@ -311,6 +325,8 @@ class LaneHub:
                     if not self._current(generation):
                         return
                     st = self._state[item.lane_id]
+                    if self.end_gate is not None and not self.end_gate.report(item, run):
+                        continue  # end_of_data: a batch past the final end (cut)
                     if isinstance(item, NumberedBatch):
                         keep = self._keep(st, generation)
                         if keep is None:
@@ -344,6 +360,9 @@ class LaneHub:
         """Another lane with a reader or checkpoint waiting for its next batch, which the
         pipeline can give it (its log is not full): waiting for ``lane``'s consumers then
         might never end. None if there is none."""
+        wanted = self.end_gate.any_wanted() if self.end_gate is not None else None
+        if wanted is not None:
+            return wanted  # end_of_data: a reader waits on the frontier for that lane
         for key, other in self._state.items():
             if key != lane and other.waiting and other.end is None and not self._full(other):
                 return key
@@ -697,6 +716,8 @@ class LaneHub:
     def stats(self) -> dict[str, Any]:
         """Per-lane figures for metrics and progress logs."""
         with self._cond:
+            end_of_data = self.end_gate.stats() if self.end_gate is not None else None
+            cut = end_of_data["cut"] if end_of_data is not None else {}
             lanes = {
                 lane: {
                     "produced": st.next_seq,
@@ -708,6 +729,7 @@ class LaneHub:
                     "held_back_s": st.held_s,
                     "not_kept": st.dropped,
                     "ended": st.end is not None,
+                    "cut": cut.get(lane, 0),
                 }
                 for lane, st in self._state.items()
             }
@@ -719,6 +741,7 @@ class LaneHub:
             "run": run_stats,
             "replays": replays,
             "producer_waiting_on": waiting_on,
+            "end_of_data": end_of_data,
             "time": time.time(),
         }
 

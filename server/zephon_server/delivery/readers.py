@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..engine.lane_ends import DELIVER
 from ..engine.numbered_batch import NumberedBatch
 from ..engine.run import EndOfLane
 from .lane_buffer import LaneBuffer
@@ -65,6 +66,15 @@ class LaneReader(Iterator["NumberedBatch | EndOfLane"]):
                 if replay is None and self._consumer not in st.consumers:
                     self._done = True  # closed (the call was cancelled) while waiting
                     raise StopIteration
+                end_gate = hub.end_gate  # end_of_data: the lanes' frontier comes first
+                if end_gate is not None:
+                    gate = end_gate.gate(lane, self._seq)
+                    if isinstance(gate, EndOfLane):
+                        self._done = True
+                        return gate
+                    if gate != DELIVER:
+                        end_gate.wait(lane, self._seq, 0.5, hub._blocked is not None)
+                        continue
                 got = (replay or st).item(self._seq)
                 if replay is not None and isinstance(got, NumberedBatch) and self._ahead(st):
                     got = None  # a replay keeps to the live log's bound too
@@ -94,6 +104,9 @@ class LaneReader(Iterator["NumberedBatch | EndOfLane"]):
                 return None
             st = hub._state[self._lane]
             replay = st.replaying.get(self._consumer)
+            end_gate = hub.end_gate  # end_of_data: only what the frontier lets out
+            if end_gate is not None and end_gate.gate(self._lane, self._seq) != DELIVER:
+                return None
             batch = (replay or st).item(self._seq)
             if not isinstance(batch, NumberedBatch) or (replay is not None and self._ahead(st)):
                 return None
@@ -117,13 +130,26 @@ class LaneReader(Iterator["NumberedBatch | EndOfLane"]):
         are produced, or until ``deadline``, the lane's end, the consumer's close or a run
         problem, whichever comes first."""
         hub = self._hub
+        end_gate = hub.end_gate  # end_of_data: batches count once the frontier lets them out
         while (
-            st.next_seq - self._seq < count
-            and st.end is None
+            self._deliverable(st) - self._seq < count
+            and (st.end if end_gate is None else end_gate.ends.end) is None
             and self._consumer in st.consumers
             and hub._problem(self._generation) is None
         ):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            hub._await_batch(st, hub._lane_conds[self._lane], left)
+            frontier = end_gate.ends.frontier if end_gate is not None else st.next_seq
+            if end_gate is not None and frontier < min(st.next_seq, self._seq + count):
+                # the lane has them, the frontier not yet: wait as demand for the lagging lanes
+                end_gate.wait(self._lane, frontier, left, hub._blocked is not None)
+            else:
+                hub._await_batch(st, hub._lane_conds[self._lane], left)
+
+    def _deliverable(self, st: LaneBuffer) -> int:
+        """The lane's next seq not yet produced, or not yet let out by the frontier."""
+        end_gate = self._hub.end_gate
+        if end_gate is None:
+            return st.next_seq
+        return min(st.next_seq, end_gate.ends.frontier)

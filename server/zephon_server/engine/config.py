@@ -6,6 +6,7 @@ Binding keys::
     lanes: 8
     chunk_size: 256
     flush_every_k_chunks: 8
+    end_of_data: shortest                # or longest: where the lanes of a finite stream end
     datasets:
       - {name: web, path: data/web, weight: 0.7}
       - {name: code, path: "data/code/*.parquet", weight: 0.3, text_field: content,
@@ -42,6 +43,7 @@ TOP_LEVEL_KEYS = (
     "lanes",
     "chunk_size",
     "flush_every_k_chunks",
+    "end_of_data",
     "datasets",
     "pipeline",
     "execution",
@@ -86,7 +88,9 @@ def parse_config(
             raise ConfigError(f"{source}: missing required key {key!r}")
     datasets = [_dataset(i, entry) for i, entry in enumerate(_list(data, "datasets"))]
     settings = {
-        k: data[k] for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks") if k in data
+        k: data[k]
+        for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks", "end_of_data")
+        if k in data
     }
     pipeline = Pipeline(datasets, base_dir=base_dir, **settings)
     for i, entry in enumerate(_list(data, "pipeline")):

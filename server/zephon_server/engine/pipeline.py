@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .datasets import DEFAULT_MAX_DOCUMENT_BYTES, DatasetSpec
 from .errors import ConfigError
 from .execution import ExecutionConfig
+from .lane_ends import DEFAULT_END_OF_DATA, check_end_of_data
 from .ops import OPERATORS, Operator
 
 if TYPE_CHECKING:
@@ -49,7 +50,10 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
 
 
 class Pipeline:
-    """Datasets + operators + data-shaping settings; immutable once planned."""
+    """Datasets + operators + data-shaping settings; immutable once planned.
+
+    ``end_of_data`` (``shortest`` default, or ``longest``) decides where the lanes of a
+    finite stream end (:mod:`.lane_ends`)."""
 
     def __init__(
         self,
@@ -61,6 +65,7 @@ class Pipeline:
         flush_every_k_chunks: int = 8,
         base_dir: str = ".",
         ops: Sequence[Operator] = (),
+        end_of_data: str = DEFAULT_END_OF_DATA,
     ) -> None:
         if not datasets:
             raise ConfigError("datasets: at least one dataset is required")
@@ -73,6 +78,10 @@ class Pipeline:
         self.flush_every_k_chunks = _positive_int("flush_every_k_chunks", flush_every_k_chunks)
         self.base_dir = base_dir
         self.ops: list[Operator] = list(ops)
+        #: ``shortest``: every lane of a finite stream ends where the shortest one ends, so
+        #: every data-parallel rank takes the same number of steps; ``longest``: each lane
+        #: runs to its own end (:mod:`.lane_ends`).
+        self.end_of_data = check_end_of_data(end_of_data)
 
     # -- builder --------------------------------------------------------------------------
 
@@ -162,7 +171,7 @@ def fingerprint_document(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> di
         # pipelines (and their checkpoints) keep their fingerprint.
         if spec.max_document_bytes != DEFAULT_MAX_DOCUMENT_BYTES:
             datasets[-1]["max_document_bytes"] = spec.max_document_bytes
-    return {
+    doc: dict[str, Any] = {
         "version": FINGERPRINT_VERSION,
         "seed": pipeline.seed,
         "lanes": pipeline.lanes,
@@ -171,6 +180,11 @@ def fingerprint_document(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> di
         "datasets": datasets,
         "ops": [{"op": op.op_name, **_jsonable(op.params())} for op in pipeline.ops],
     }
+    # Added after fingerprints were in use: only a non-default value enters, so existing
+    # pipelines (and their checkpoints) keep their fingerprint.
+    if pipeline.end_of_data != DEFAULT_END_OF_DATA:
+        doc["end_of_data"] = pipeline.end_of_data
+    return doc
 
 
 def fingerprint_components(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> dict[str, str]:
@@ -187,6 +201,8 @@ def fingerprint_components(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> 
 
     parts = {"fingerprint_version": str(doc["version"])}
     parts.update({k: str(doc[k]) for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks")})
+    if "end_of_data" in doc:
+        parts["end_of_data"] = doc["end_of_data"]
     parts["datasets"] = ",".join(d["name"] for d in doc["datasets"])
     for d in doc["datasets"]:
         parts[f"dataset:{d['name']}"] = h({k: v for k, v in d.items() if k != "shards"})

@@ -20,6 +20,7 @@ from zephon_wire import CHAIN_SEED
 
 from .checkpoint import CheckpointError, IncompatibleCheckpoint, LaneState, ResumeState
 from .errors import ConfigError
+from .lane_ends import LaneEnds, applies, deliver
 from .numbered_batch import NumberedBatch
 from .ops.replay import REPLAY_CURSORS, ReplayFilterAccumulator
 from .planner import Plan
@@ -147,6 +148,12 @@ class PipelineRun:
     (processes runner). A run beside another one in the same process (a replay next to the
     hub's run) passes False: the blocks are the process's, and releasing them would break the
     other run's payloads in flight; what it leaves is released when the main run closes.
+
+    ``end_of_data``: with the pipeline's ``shortest`` and every lane in the run, iterating
+    applies the common end (:func:`.lane_ends.deliver`: batches held until every lane has
+    produced their seq, the cut ones dropped, ``ends`` counts them). A run of some lanes
+    cannot know the others' ends and yields its lanes to their own ends, as does a run made
+    with ``apply_end=False`` (the hub's, which applies the end to its readers itself).
     """
 
     def __init__(
@@ -161,6 +168,7 @@ class PipelineRun:
         replay_cache: ReplayCache | None = None,
         checkpoint_floor: Callable[[int], int | None] | None = None,
         release_shared_memory: bool = True,
+        apply_end: bool = True,
     ) -> None:
         self.plan = plan
         p = plan.pipeline
@@ -182,6 +190,12 @@ class PipelineRun:
         self.k = p.flush_every_k_chunks
         starts = self._starts(resume)
         self.logs = {lane: LaneLog(lane, starts[lane], retention) for lane in self.lanes}
+        #: The common end applied by iteration (None: each lane runs to its own end).
+        self.ends: LaneEnds | None = None
+        if apply_end and applies(p, self.lanes):
+            self.ends = LaneEnds(
+                p.end_of_data, {lane: (s.next_seq, s.chain) for lane, s in starts.items()}
+            )
         #: Resumed lanes -> end (exclusive) of the chunks they replay: the end of the epoch of
         #: the replay cursor's chunk (the cursor's row may leave the shuffle that late).
         self.replay_ends = {
@@ -329,7 +343,13 @@ class PipelineRun:
 
     def _checkpoint(self, positions: dict[int, int] | None, tag: str) -> ResumeState:
         if positions is None:
-            positions = {lane: log.next_seq for lane, log in self.logs.items()}
+            end = self.ends.end if self.ends is not None else None
+            positions = {
+                lane: log.next_seq
+                if end is None
+                else min(log.next_seq, max(end, log.start.next_seq))
+                for lane, log in self.logs.items()
+            }
         lanes: dict[int, LaneState] = {}
         for lane, next_seq in sorted(positions.items()):
             log_ = self.logs.get(lane)
@@ -390,6 +410,7 @@ class PipelineRun:
             ),
             "elapsed_s": time.monotonic() - self.started,
             "replay_cache": self._replay_cache_stats(),
+            "end_of_data": None if self.ends is None else self.ends.stats(),
         }
 
     def _replay_cache_stats(self) -> dict[str, int] | None:
@@ -439,6 +460,13 @@ class PipelineRun:
         return stream
 
     def __iter__(self) -> Iterator[NumberedBatch | LaneEnd]:
+        items = self._items()
+        if self.ends is None:
+            return items
+        return deliver(items, self.ends, self.logs)
+
+    def _items(self) -> Iterator[NumberedBatch | LaneEnd]:
+        """Every lane's produced batches (numbered, chained) and ends, as they come."""
         stream = self._build()
         try:
             for items in stream:

@@ -376,11 +376,27 @@ def _flow_metrics(stats: dict[str, Any]) -> Iterator[Any]:
         "pipeline; their readers get them from a replay",
         labels=["lane"],
     )
+    cut = CounterMetricFamily(
+        "zephon_lane_batches_cut",
+        "Batches of the lane at or past the common end of a finite stream (end_of_data: "
+        "shortest), produced and dropped so that every lane ends at the same seq",
+        labels=["lane"],
+    )
     for lane, st in stats["lanes"].items():
         held.add_metric([str(lane)], st.get("held_back_s", 0.0))
         not_kept.add_metric([str(lane)], st.get("not_kept", 0))
+        cut.add_metric([str(lane)], st.get("cut", 0))
     yield held
     yield not_kept
+    yield cut
+    end = (stats.get("end_of_data") or {}).get("end")
+    common = GaugeMetricFamily(
+        "zephon_lanes_common_end",
+        "The seq every lane ends at (end_of_data: shortest), once every lane is far enough to "
+        "know it; -1 before, and with end_of_data: longest or an endless stream",
+    )
+    common.add_metric([], -1 if end is None else end)
+    yield common
     replays = stats.get("replays", {})
     running = GaugeMetricFamily(
         "zephon_replays_running", "Replays regenerating older batches of a lane right now"

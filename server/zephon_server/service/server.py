@@ -42,6 +42,7 @@ from ..engine.checkpoint import (
 )
 from ..engine.checkpoint_key import CheckpointKey
 from ..engine.errors import ZephonError
+from ..engine.lane_ends import check_served
 from ..engine.replay_cache import ReplayCache
 from ..stop_signals import StopSignals
 from .auth import TokenAuthInterceptor
@@ -176,10 +177,12 @@ class Server:
         creds = _credentials(listen.tls)  # before the slow part: bad TLS files fail at once
         self.checkpoint_key = state.checkpoint_key
         self.store = store_of(state)
+        lanes = None if delivery.lanes is None else list(delivery.lanes)
+        check_served(pipeline, lanes)  # end_of_data: a lane-sharded server lacks the end
         self.hub = LaneHub(
             pipeline,
             execution,
-            lanes=None if delivery.lanes is None else list(delivery.lanes),
+            lanes=lanes,
             store=self.store,
             max_ahead=delivery.max_ahead,
             replay_cache=replay_cache_of(state),

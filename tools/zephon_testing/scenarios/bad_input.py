@@ -627,6 +627,8 @@ def bad_config(path: Path, corpus_dir: Path, bad_dir: Path, on_error: str) -> Pa
         "lanes": 2,
         "chunk_size": 4,
         "flush_every_k_chunks": 2,
+        # Every record must be delivered or dropped for its own reason: no lane is cut short.
+        "end_of_data": "longest",
         "datasets": [
             {"name": "web", "path": str(corpus_dir / "web"), "weight": 0.5},
             {"name": "bad", "path": str(bad_dir), "weight": 0.5, "on_error": on_error},

@@ -48,7 +48,10 @@ FAST_KEEPALIVE = (
 
 def exact_config(path: Path, corpus_dir: Path, **kwargs: Any) -> Path:
     """``write_config`` with ``batch(drop_last=False)``: no document closes after the last
-    batch of a lane, so the wire ledger alone must cover the whole finite corpus."""
+    batch of a lane, so the wire ledger alone must cover the whole finite corpus; every lane
+    runs to its own end (``end_of_data: longest``: the shortest end would close the cut
+    batches' documents in the lanes' ends)."""
+    kwargs.setdefault("end_of_data", "longest")
     write_config(path, corpus_dir, **kwargs)
     cfg = yaml.safe_load(path.read_text())
     for op in cfg["pipeline"]:
