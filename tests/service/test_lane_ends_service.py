@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from infra import free_port
-from service_helpers import read_lane, serve_once, server
 from zephon_client import DataClient
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_testing.infra import free_port
+from zephon_testing.servers import read_lane, serve_once, server
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(300)]
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import make_pipeline
+from tests.support.builders import make_pipeline
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.execution import ExecutionConfig
