@@ -111,8 +111,8 @@ class LaneEnds:
         if self._announced:
             return
         self._announced = True
-        natural = {lane: st.natural for lane, st in self._lanes.items()}
-        first = min((lane for lane, n in natural.items() if n is not None), key=natural.get)
+        natural = {lane: st.natural for lane, st in self._lanes.items() if st.natural is not None}
+        first = min(natural, key=lambda lane: natural[lane])
         if end <= min(self._starts.values()):
             log.warning(
                 "end_of_data: shortest: lane %d ended at seq %d, so no lane delivers anything "
