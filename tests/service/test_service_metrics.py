@@ -112,7 +112,11 @@ def test_dataset_tokens_loss_tokens_and_mask_errors_with_injected_registry(corpu
     from zephon_server.engine.pipeline import Pipeline
     from zephon_server.service.metrics import ServiceMetrics
 
-    pipe = Pipeline(corpus_specs, lanes=2, chunk_size=8, flush_every_k_chunks=2)
+    # Every lane to its end: the counters count produced batches, and the batches cut by
+    # end_of_data: shortest would be counted but never read here.
+    pipe = Pipeline(
+        corpus_specs, lanes=2, chunk_size=8, flush_every_k_chunks=2, end_of_data="longest"
+    )
     pipe.decode_text().tokenize().map_transform(fn=sometimes_empty_mask).apply(MaskCheck())
     pipe.batch(microbatch_size=3, drop_last=False)  # one document per row
     hub = LaneHub(pipe, ExecutionConfig(runner="threads", workers=2), max_ahead=100_000)

@@ -231,3 +231,15 @@ def test_a_lane_resumed_past_the_common_end_ends_where_it_is(caplog):
     item = ends.end_of(1)
     assert item is not None and (item.next_seq, item.chain) == (7, b"b" * 32)
     assert "past the common end 2" in caplog.text
+
+
+def test_an_end_before_any_batch_is_said_loudly_and_once(caplog):
+    # A corpus with fewer chunks than lanes: one lane ends at its start, so no lane delivers.
+    ends = frontier(2)
+    ends.add(batch(0, 0))
+    ends.finish(1, 0, ())
+    ends.finish(0, 1, ())
+    with caplog.at_level("INFO", logger="zephon_server.engine.lane_ends"):
+        assert ends.end_of(0) is not None and ends.end_of(1) is not None
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "end_of_data: longest" in warnings[0].getMessage()

@@ -349,6 +349,7 @@ def chat_config(path: Path, tok: str, on_error: str, runner: str = "inline", wor
         "lanes": 2,
         "chunk_size": 4,
         "flush_every_k_chunks": 2,
+        "end_of_data": "longest",  # every record reaches a batch or a skip of its own
         "datasets": [{"name": "chat", "path": str(path), "weight": 1.0, "on_error": on_error}],
         "pipeline": [
             {"render_chat": {"tokenizer": tok, "max_length": 64}},

@@ -114,7 +114,13 @@ def test_gz_and_zst_shards_over_the_threshold_give_the_plain_jsonl_digests(
         assert d.parent == paths[fmt]
     digests = {}
     for fmt, directory in paths.items():
-        pipe = Pipeline([DatasetSpec("d", str(directory), 1.0)], seed=3, lanes=2, chunk_size=16)
+        pipe = Pipeline(
+            [DatasetSpec("d", str(directory), 1.0)],
+            seed=3,
+            lanes=2,
+            chunk_size=16,
+            end_of_data="longest",  # every row read: the count below is the whole corpus
+        )
         pipe.decode_text().tokenize(tokenizer="byte").batch(microbatch_size=4)
         index_dir = tmp_path / f"index-{fmt}"
         run = pipe.run(ExecutionConfig(runner="threads", workers=2, index_dir=str(index_dir)))

@@ -104,6 +104,25 @@ class LaneEnds:
             raise ConfigError("end_of_data: a frontier needs at least one lane")
         self._lanes = {lane: _Lane(seq, chain) for lane, (seq, chain) in sorted(starts.items())}
         self._starts = {lane: seq for lane, (seq, _) in starts.items()}
+        self._announced = False
+
+    def _announce(self, end: int) -> None:
+        """Say once where the lanes end, and loudly when that is before any batch."""
+        if self._announced:
+            return
+        self._announced = True
+        natural = {lane: st.natural for lane, st in self._lanes.items() if st.natural is not None}
+        first = min(natural, key=lambda lane: natural[lane])
+        if end <= min(self._starts.values()):
+            log.warning(
+                "end_of_data: shortest: lane %d ended at seq %d, so no lane delivers anything "
+                "more (a corpus too small for its lanes: fewer chunks than lanes?); use "
+                "end_of_data: longest, a smaller chunk_size or fewer lanes",
+                first,
+                end,
+            )
+        else:
+            log.info("end_of_data: shortest: every lane ends at seq %d (lane %d)", end, first)
 
     @property
     def cutting(self) -> bool:
@@ -209,6 +228,7 @@ class LaneEnds:
             return LaneEndItem(start, self._lanes[lane].base[1], ())
         if end is None or st.natural is None:
             return None
+        self._announce(end)
         closes: list[SampleMeta] = []
         chain = st.base[1] if st.base[0] == end else None
         for seq, after, rows, tombstones in st.entries:
