@@ -99,6 +99,9 @@ def pipeline_config(root: Path, tokenizer: Path) -> dict[str, Any]:
         "lanes": 8,
         "chunk_size": 256,
         "flush_every_k_chunks": 8,
+        # Every conversation once, every lane to its own end: the throughput of the whole
+        # corpus (with the default, shortest, a corpus of fewer chunks than lanes would cut).
+        "end_of_data": "longest",
         "datasets": [{"name": "chat", "path": str(root), "weight": 1.0, "exhaustion": "stop"}],
         "pipeline": [
             {"render_chat": {"tokenizer": str(tokenizer)}},
