@@ -47,7 +47,7 @@ tokenizers:
 	@bash tools/fetch-tokenizers.sh build/tokenizers
 
 pytest: install numpy-venvs system-deps tokenizers
-	$(PYTHON) -m pytest -q -p no:cacheprovider
+	$(PYTHON) -m pytest -q -p no:cacheprovider --durations=30
 
 # A second interpreter with numpy 1.x (the project's has 2.x), for the test that the data
 # order does not depend on numpy (tests/service/test_numpy_versions.py). It sees the project
@@ -72,7 +72,7 @@ test: lint pytest
 # (`tokenizers`, for tests/unit/test_render_chat_qwen3.py). pytest's exit code 5 (no test
 # collected) fails the target like any other.
 unit: install tokenizers
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit
+	$(PYTHON) -m pytest -q -p no:cacheprovider --durations=15 tests/unit
 
 # Regenerates the checked-in protobuf/gRPC code (client/zephon_proto) from proto/ with the
 # pinned grpcio-tools: tools/gen_proto.py runs `$(PYTHON) -m grpc_tools.protoc -Iproto ...`.
