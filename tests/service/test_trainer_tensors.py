@@ -13,7 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.unit.test_trainer_tensors import IGNORE, run_chains, write_pipeline
+from tests.unit.test_trainer_tensors import (
+    IGNORE,
+    run_chains,
+    write_pipeline,
+)
 from zephon_server.engine.config import load_config
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.ops.trainer_tensors import next_token_labels
@@ -65,3 +69,23 @@ def test_server_streams_the_trainer_tensors_to_the_client(tmp_path, corpus_dir):
                     client.mark_consumed()
                     break
     assert {lane: v[:3] for lane, v in got.items()} == dict(want)
+
+
+def test_restore_at_every_step_equals_uninterrupted(yaml_oracle):
+    from tests.support.builders import lane_chains
+    from zephon_server.engine.checkpoint import ResumeState
+    from zephon_server.engine.run import PipelineRun
+
+    path, _ = yaml_oracle
+    pipe, _ = load_config(path)
+    full_run = PipelineRun(pipe.plan(ExecutionConfig(runner="inline")))
+    full = lane_chains(full_run)
+    longest = max(len(v) for v in full.values())
+    for cut in range(0, longest + 1, 3):
+        positions = {lane: min(cut, len(v)) for lane, v in full.items()}
+        state = ResumeState.decode(full_run.checkpoint(positions).encode())
+        resumed = lane_chains(
+            PipelineRun(pipe.plan(ExecutionConfig(runner="threads", workers=2)), resume=state)
+        )
+        for lane, seqs in full.items():
+            assert resumed[lane] == seqs[positions[lane] :], (cut, lane)

@@ -28,7 +28,6 @@ from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
 from zephon_server.engine.errors import ConfigError, DataError
-from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.ops.render_chat import RenderChat, token_mask
 from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
@@ -547,33 +546,6 @@ def test_tokenizer_offsets_are_used_when_lengths_do_not_tile_the_text(tmp_path):
     runs = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
     answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
     assert [r.strip() for r in runs] == [a + "<|im_end|>" for a in answers]
-
-
-def test_resume_of_a_chat_pipeline_at_every_step_equals_uninterrupted(tmp_path, tok_dirs):
-    """Checkpoint a render_chat + pack_flat + shuffle + batch run at every seq; each resume
-    continues with exactly the batches of the uninterrupted run."""
-    from tests.support.builders import lane_chains
-    from zephon_server.engine.chat_corpus import write_chat_corpus
-    from zephon_server.engine.checkpoint import ResumeState
-    from zephon_server.engine.datasets import DatasetSpec
-    from zephon_server.engine.pipeline import Pipeline
-    from zephon_server.engine.run import PipelineRun
-
-    write_chat_corpus(tmp_path / "chat", conversations=80, shards=2, seed=3)
-    spec = DatasetSpec("chat", str(tmp_path / "chat"), 1.0)
-    pipe = Pipeline([spec], seed=3, lanes=2, chunk_size=8, flush_every_k_chunks=2)
-    pipe.render_chat(tokenizer=tok_dirs["chatml"], train_on="last_assistant")
-    pipe.pack_flat(max_length=192).shuffle(buffer_size=4).batch(microbatch_size=2)
-    full_run = PipelineRun(pipe.plan(ExecutionConfig(runner="inline")))
-    full = lane_chains(full_run)
-    assert all(len(v) >= 4 for v in full.values())
-    for cut in range(max(len(v) for v in full.values()) + 1):
-        positions = {lane: min(cut, len(v)) for lane, v in full.items()}
-        state = ResumeState.decode(full_run.checkpoint(positions).encode())
-        plan = pipe.plan(ExecutionConfig(runner="threads", workers=2))
-        resumed = lane_chains(PipelineRun(plan, resume=state))
-        for lane, seqs in full.items():
-            assert resumed[lane] == seqs[positions[lane] :], (cut, lane)
 
 
 def test_generation_blocks_and_the_message_bound(tmp_path):

@@ -44,27 +44,6 @@ def stateful(
 per_lane = lane_chains
 
 
-@pytest.mark.parametrize("algorithm", SHUFFLES)
-def test_restore_at_every_step_equals_uninterrupted(small_specs, algorithm):
-    pipe = stateful(small_specs, algorithm)
-    plan = pipe.plan(ExecutionConfig(runner="inline"))
-    from zephon_server.engine.run import PipelineRun
-
-    full_run = PipelineRun(plan)
-    full = per_lane(full_run)
-    assert all(len(v) >= 4 for v in full.values())
-    longest = max(len(v) for v in full.values())
-    for cut in range(longest + 1):
-        positions = {lane: min(cut, len(v)) for lane, v in full.items()}
-        state = ResumeState.decode(full_run.checkpoint(positions).encode())
-        for runner in ("inline", "threads"):
-            resumed = per_lane(
-                PipelineRun(pipe.plan(ExecutionConfig(runner=runner, workers=2)), resume=state)
-            )
-            for lane, seqs in full.items():
-                assert resumed[lane] == seqs[positions[lane] :], (algorithm, cut, runner, lane)
-
-
 def cross_epoch(batch, k):
     return len({m.chunk_id // k for m in batch.rows}) > 1
 

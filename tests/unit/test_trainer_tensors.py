@@ -443,23 +443,3 @@ def test_batch_gives_rows_without_loss_mask_ones():
 
 
 # -- over the wire ---------------------------------------------------------------------------
-
-
-def test_restore_at_every_step_equals_uninterrupted(yaml_oracle):
-    from tests.support.builders import lane_chains
-    from zephon_server.engine.checkpoint import ResumeState
-    from zephon_server.engine.run import PipelineRun
-
-    path, _ = yaml_oracle
-    pipe, _ = load_config(path)
-    full_run = PipelineRun(pipe.plan(ExecutionConfig(runner="inline")))
-    full = lane_chains(full_run)
-    longest = max(len(v) for v in full.values())
-    for cut in range(0, longest + 1, 3):
-        positions = {lane: min(cut, len(v)) for lane, v in full.items()}
-        state = ResumeState.decode(full_run.checkpoint(positions).encode())
-        resumed = lane_chains(
-            PipelineRun(pipe.plan(ExecutionConfig(runner="threads", workers=2)), resume=state)
-        )
-        for lane, seqs in full.items():
-            assert resumed[lane] == seqs[positions[lane] :], (cut, lane)
