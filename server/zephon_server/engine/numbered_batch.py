@@ -18,7 +18,7 @@ import numpy as np
 
 from zephon_wire import DIGEST_SIZE, WireTensors, chain_digest, digest_wire, wire_tensors
 
-from .records import Cursor, DocRef, SampleBatch, SampleMeta, count_tokens
+from .records import Cursor, DocRef, SampleBatch, SampleMeta, batch_closes, count_tokens
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -79,10 +79,7 @@ class NumberedBatch:
 
     def closes(self) -> Iterable[DocRef]:
         """Every document this batch closes (rows and tombstones)."""
-        for meta in self.rows:
-            yield from meta.closes
-        for meta in self.tombstones:
-            yield from meta.closes
+        return batch_closes(self.rows, self.tombstones)
 
     def num_tokens(self) -> int:
         """Non-padding tokens in the batch."""

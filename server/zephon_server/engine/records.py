@@ -12,7 +12,7 @@ lineage of a parent cursor, so they stay unique and ordered.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -179,10 +179,7 @@ class SampleBatch:
 
     def closes(self) -> Iterable[DocRef]:
         """Every document this batch closes (rows and tombstones)."""
-        for meta in self.rows:
-            yield from meta.closes
-        for meta in self.tombstones:
-            yield from meta.closes
+        return batch_closes(self.rows, self.tombstones)
 
     def num_tokens(self) -> int:
         """Non-padding tokens in the batch."""
@@ -191,6 +188,15 @@ class SampleBatch:
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) for k, v in self.tensors.items()}
         return f"SampleBatch(lane={self.lane_id}, rows={len(self.rows)}, {shapes})"
+
+
+def batch_closes(rows: Iterable[SampleMeta], tombstones: Iterable[SampleMeta]) -> Iterator[DocRef]:
+    """Every document a batch closes: its rows', then its tombstones' (one definition for
+    :class:`SampleBatch` and the numbered batch)."""
+    for meta in rows:
+        yield from meta.closes
+    for meta in tombstones:
+        yield from meta.closes
 
 
 def count_tokens(tensors: Mapping[str, np.ndarray]) -> int:

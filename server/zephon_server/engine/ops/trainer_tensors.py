@@ -69,12 +69,8 @@ class TrainerTensorOptions:
                 f"{op}: ignore_index must be a negative integer (never a token id), got "
                 f"{self.ignore_index!r}; use -100, PyTorch's cross_entropy default"
             )
+        # max_docs_per_row itself is validated by the packer's PackPolicy, which uses it.
         n = self.max_docs_per_row
-        if n is not None and (not _is_int(n) or n < 1):
-            raise ConfigError(
-                f"{op}: max_docs_per_row must be an integer >= 1, got {n!r}; it bounds the "
-                "documents packed into one row (and sizes cu_seqlens to max_docs_per_row + 1)"
-            )
         if self.emit_cu_seqlens and n is None:
             raise ConfigError(
                 f"{op}: emit_cu_seqlens needs max_docs_per_row (cu_seqlens has the fixed shape "
