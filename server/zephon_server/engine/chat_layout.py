@@ -23,17 +23,17 @@ on its content, or rewrites a trained message's content, cannot be attributed: t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .chat_skeleton import MARKER, Skeletons
+from .chat_skeleton import marker as _marker
 from .chat_template import ChatTemplate, ChatTemplateError
 
 #: Which messages are trained: every assistant turn, the last one, or every turn.
 TRAIN_ON = ("assistant", "last_assistant", "all")
 ASSISTANT = "assistant"
-#: Stands in for a message's content to find where the template puts it.
-MARKER = "\ue000zephon-content\ue001"
 
 
 class ChatError(Exception):
@@ -84,11 +84,6 @@ def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str:
         raise ChatError(str(exc)) from exc
 
 
-def _marker(i: int) -> str:
-    """The marker standing in for message ``i``'s content (private-use characters)."""
-    return f"{MARKER}{i}\ue002"
-
-
 def _content_ranges(
     template: ChatTemplate, messages: Sequence[dict[str, Any]], indices: list[int], full: str
 ) -> dict[int, tuple[int, int]]:
@@ -135,24 +130,14 @@ def _content_ranges(
     return out
 
 
-def _end_of_turn(
-    template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int, full: str, end: int
-) -> int:
-    """Where message ``i``'s end of turn ends in ``full`` (its content ends at ``end``): the
-    conversation rendered up to message ``i`` (content replaced by a marker) shows what the
-    template writes after the content when the turn closes; the part the whole rendering
-    also has there, without trailing newlines, is the end of turn.
-
-    For the last message that rendering is the whole conversation, whose text after the
-    content :func:`_content_ranges` already checked: no render needed."""
-    if i == len(messages) - 1:
-        return end + len(full[end:].rstrip("\n"))
+def _close(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int) -> str:
+    """What the template writes after message ``i``'s content when the conversation ends with
+    it: the conversation rendered up to message ``i``, its content replaced by a marker."""
     probe = _render(template, [*messages[:i], {**messages[i], "content": MARKER}])
     at = probe.find(MARKER)
     if at < 0:
         raise ChatError(f"message {i}: the chat template does not write the content")
-    tail = probe[at + len(MARKER) :]
-    return end + len(_common_prefix(tail, full[end : end + len(tail)]).rstrip("\n"))
+    return probe[at + len(MARKER) :]
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -165,18 +150,50 @@ def _common_prefix(a: str, b: str) -> str:
 
 
 def layout_chat(
-    template: ChatTemplate, messages: Sequence[dict[str, Any]], train_on: str
+    template: ChatTemplate,
+    messages: Sequence[dict[str, Any]],
+    train_on: str,
+    skeletons: Skeletons | None = None,
 ) -> ChatLayout:
-    """Render ``messages`` and find the trained character ranges (module docstring)."""
+    """Render ``messages`` and find the trained character ranges (module docstring).
+
+    With ``skeletons`` (:mod:`.chat_skeleton`), a conversation whose rendering is its shape's
+    skeleton with the contents put back takes one rendering instead of two or more."""
     full = _render(template, messages)
     if MARKER in full:
         raise ChatError("the conversation contains Zephon's private content marker")
     indices = trained_indices(messages, train_on)
+    skeleton = skeletons.get(messages) if skeletons is not None else None
+    placed = skeleton.place(messages, full) if skeleton is not None else None
+    if skeleton is not None and placed is not None:
+        tails = {i: skeleton.close(i) for i in indices if i != len(messages) - 1}
+        closes = {i: tail for i, tail in tails.items() if tail is not None}
+        if len(closes) == len(tails):
+            contents = {i: placed[i] for i in indices}
+            return _layout(messages, indices, full, contents, closes.__getitem__)
     contents = _content_ranges(template, messages, indices, full)
+    return _layout(messages, indices, full, contents, lambda i: _close(template, messages, i))
+
+
+def _layout(
+    messages: Sequence[dict[str, Any]],
+    indices: list[int],
+    full: str,
+    contents: dict[int, tuple[int, int]],
+    close: Callable[[int], str],
+) -> ChatLayout:
+    """The layout from each trained content's range and ``close(i)``, what the template
+    writes after message ``i``'s content when the turn closes the conversation."""
+    last = len(messages) - 1
     ranges: list[tuple[int, int]] = []
     for i in indices:
         start, content_end = contents[i]
-        end = _end_of_turn(template, messages, i, full, content_end)
+        if i == last:  # the whole rendering's text after the content shows how the turn closes
+            end = content_end + len(full[content_end:].rstrip("\n"))
+        else:
+            tail = close(i)
+            found = _common_prefix(tail, full[content_end : content_end + len(tail)])
+            end = content_end + len(found.rstrip("\n"))
         if ranges and start < ranges[-1][1]:
             raise ChatError(f"message {i}: its text overlaps the previous trained message")
         if end > start:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..chat_layout import TRAIN_ON, ChatError, check_messages, layout_chat
+from ..chat_skeleton import Skeletons
 from ..chat_template import ChatTemplate, TemplateSource, find_template
 from ..errors import ConfigError, DataError
 from ..records import SampleRecord, Span
@@ -153,6 +154,7 @@ class RenderChat(Operator):
         self.date = date
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
+        self._skeletons: Skeletons | None = None
         self.tokenizer  # noqa: B018 - validate at construction (fails fast on a bad path)
         self.source: TemplateSource = find_template(tokenizer, template)
         self.chat_template  # noqa: B018 - compile now: a syntax error is a config error
@@ -175,6 +177,13 @@ class RenderChat(Operator):
             self._template = ChatTemplate(self.source, date=day)
         return self._template
 
+    @property
+    def skeletons(self) -> Skeletons:
+        """The skeletons of the conversation shapes met (:mod:`..chat_skeleton`)."""
+        if self._skeletons is None:
+            self._skeletons = Skeletons(self.chat_template)
+        return self._skeletons
+
     def _eos_id(self) -> int:
         """The EOS appended to completions: the template's ``eos_token`` if the tokenizer
         knows it, else the tokenizer's own EOS; -1 when there is none."""
@@ -190,6 +199,7 @@ class RenderChat(Operator):
         state = self.__dict__.copy()
         state["_tokenizer"] = None
         state["_template"] = None
+        state["_skeletons"] = None
         return state
 
     def params(self) -> dict[str, Any]:
@@ -232,7 +242,7 @@ class RenderChat(Operator):
             messages = check_messages(value, self.messages_field, self.max_messages)
             if self.system_prompt is not None and messages[0]["role"] != "system":
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
-            layout = layout_chat(self.chat_template, messages, self.train_on)
+            layout = layout_chat(self.chat_template, messages, self.train_on, self.skeletons)
         except ChatError as exc:
             raise RecordProblem(CHAT_ERROR, str(exc)) from exc
         return Rendered(layout.text, layout.trained, False, "chat")

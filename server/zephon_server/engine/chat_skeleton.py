@@ -1,0 +1,135 @@
+"""Chat skeletons: what a template writes around the contents of one conversation shape.
+
+Finding the trained characters of a conversation (:mod:`.chat_layout`) takes renderings with
+markers in place of contents: one of the whole conversation, and one per trained turn that is
+not the last. Those renderings depend on the conversation's *shape* (its roles, and any field
+of a message but its content), not on what the messages say, for every template that does not
+branch on contents. A :class:`Skeletons` cache keeps, per shape, the rendering with *every*
+content replaced by a marker, cut at the markers (:class:`Skeleton`), and learns lazily, per
+trained turn, what the template writes after a turn that closes the conversation.
+
+The cache never decides what is trained on its own. A conversation's real rendering must be
+exactly its skeleton with the contents put back (verbatim, or stripped for templates that
+``trim``); when it is not (a template that branches on contents, rewrites one, or drops one),
+:func:`layout_chat` falls back to rendering this conversation's own markers. The skeleton of a
+shape depends only on the shape, so which conversation met a shape first never changes a
+result, on any runner or worker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from .chat_template import ChatTemplate, ChatTemplateError
+
+#: Shapes kept per operator (least recently used ones go first).
+MAX_SHAPES = 4096
+#: Stands in for a message's content (private-use characters no data contains).
+MARKER = "\ue000zephon-content\ue001"
+
+
+def marker(i: int) -> str:
+    """The marker standing in for message ``i``'s content."""
+    return f"{MARKER}{i}\ue002"
+
+
+def shape_of(messages: Sequence[dict[str, Any]]) -> Hashable:
+    """What a conversation's rendering may depend on besides its contents: the roles, and
+    every other field of a message (``name``, ``tool_calls``, ...) in a canonical form."""
+    return tuple(m["role"] if len(m) == 2 else _fields(m) for m in messages)
+
+
+def _fields(message: dict[str, Any]) -> str:
+    rest = {k: v for k, v in message.items() if k != "content"}
+    return json.dumps(rest, sort_keys=True, default=repr)
+
+
+class Skeleton:
+    """The rendering of one shape cut at its contents: ``pieces[j]`` is the text before
+    message ``j``'s content (after message ``j - 1``'s), ``pieces[-1]`` the text after the
+    last content."""
+
+    def __init__(
+        self, template: ChatTemplate, messages: Sequence[dict[str, Any]], pieces: list[str]
+    ) -> None:
+        self._template = template
+        self._shape = [{**m, "content": marker(j)} for j, m in enumerate(messages)]
+        self.pieces = tuple(pieces)
+        self._closes: dict[int, str | None] = {}
+
+    def close(self, i: int) -> str | None:
+        """What the template writes after message ``i``'s content when the conversation ends
+        with message ``i`` (learned once per shape); None when it cannot tell."""
+        if i not in self._closes:
+            probe = _render(self._template, self._shape[: i + 1])
+            at = -1 if probe is None else probe.find(marker(i))
+            self._closes[i] = None if probe is None or at < 0 else probe[at + len(marker(i)) :]
+        return self._closes[i]
+
+    def place(self, messages: Sequence[dict[str, Any]], full: str) -> list[tuple[int, int]] | None:
+        """Each message's content range ``[start, end)`` in ``full``, the real rendering, when
+        it is exactly this skeleton with the contents put back; None otherwise."""
+        out: list[tuple[int, int]] = []
+        pos = 0
+        for piece, message in zip(self.pieces, messages):
+            if not full.startswith(piece, pos):
+                return None
+            start = pos + len(piece)
+            content = message["content"]
+            if not full.startswith(content, start):
+                content = content.strip()
+                if not full.startswith(content, start):
+                    return None
+            pos = start + len(content)
+            out.append((start, pos))
+        return out if full[pos:] == self.pieces[-1] else None
+
+
+class Skeletons:
+    """Skeletons of the shapes a template met, at most :data:`MAX_SHAPES` of them."""
+
+    def __init__(self, template: ChatTemplate, max_shapes: int = MAX_SHAPES) -> None:
+        self._template = template
+        self._max = max_shapes
+        self._cache: OrderedDict[Hashable, Skeleton | None] = OrderedDict()
+
+    def get(self, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
+        """The skeleton of ``messages``' shape; None when the template does not write every
+        content exactly once with markers in place (then nothing is cached but that)."""
+        key = shape_of(messages)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        skeleton = _build(self._template, messages)
+        self._cache[key] = skeleton
+        if len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+        return skeleton
+
+
+def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str | None:
+    try:
+        return template.render(messages)
+    except ChatTemplateError:
+        return None  # the template refuses markers here: no skeleton, the slow path decides
+
+
+def _build(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
+    shape = [{**m, "content": marker(j)} for j, m in enumerate(messages)]
+    probe = _render(template, shape)
+    if probe is None:
+        return None
+    pieces, pos = [], 0
+    for j in range(len(messages)):
+        at = probe.find(marker(j), pos)
+        if at < 0 or probe.find(marker(j), at + 1) >= 0:
+            return None
+        pieces.append(probe[pos:at])
+        pos = at + len(marker(j))
+    pieces.append(probe[pos:])
+    if any(MARKER in p for p in pieces):
+        return None  # contents written out of order, or a marker written twice
+    return Skeleton(template, messages, pieces)

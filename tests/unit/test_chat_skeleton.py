@@ -1,0 +1,119 @@
+"""Chat skeletons: one rendering per conversation, the same layout as without them.
+
+The skeleton of a conversation shape (:mod:`zephon_server.engine.chat_skeleton`) replaces the
+marker renderings of :func:`layout_chat`; these tests pin that it changes nothing but the
+number of renderings, on every template the project tests (ChatML, Llama 3 style headers
+that trim, [INST], Qwen3's real template), and that a template branching on contents falls
+back to the conversation's own renderings.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.chat_helpers import CHATML, HEADERS, INST
+from zephon_server.engine.chat_corpus import generate_conversations
+from zephon_server.engine.chat_layout import ChatError, layout_chat
+from zephon_server.engine.chat_skeleton import Skeletons, shape_of
+from zephon_server.engine.chat_template import ChatTemplate, TemplateSource, find_template
+
+QWEN3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"
+DAY = datetime.date(2025, 1, 1)
+#: Branches on a content: the text *before* a message depends on what it says.
+BRANCHING = (
+    "{% for m in messages %}{% if m.content.startswith('!') %}[loud]{% endif %}"
+    "<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
+)
+
+
+class Counting(ChatTemplate):
+    """A template that counts its renderings."""
+
+    renders = 0
+
+    def render(self, messages: Any) -> str:
+        self.renders += 1
+        return super().render(messages)
+
+
+def template(text: str) -> Counting:
+    return Counting(TemplateSource(text, "test", {"eos_token": "</s>"}), date=DAY)
+
+
+def outcome(tpl: ChatTemplate, messages: list[dict[str, Any]], train_on: str, sk: Any) -> Any:
+    try:
+        return layout_chat(tpl, messages, train_on, sk)
+    except ChatError as exc:
+        return f"ChatError: {exc}"
+
+
+def conversations() -> list[list[dict[str, Any]]]:
+    convs = [c["messages"] for c in generate_conversations(60, seed=5, mean_words=12)]
+    convs.append([{"role": "user", "content": "  padded  "}, {"role": "assistant", "content": ""}])
+    convs.append([{"role": "user", "content": "ünïcödé ✓"}, {"role": "assistant", "content": "是"}])
+    return convs
+
+
+def qwen3_template() -> Counting:
+    path = QWEN3 / "tokenizer.json"
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `make tokenizers` (`make test` does)")
+    source = find_template(str(path), None)
+    return Counting(source, date=DAY)
+
+
+@pytest.mark.parametrize("name", ["chatml", "headers", "inst", "qwen3"])
+@pytest.mark.parametrize("train_on", ["assistant", "last_assistant", "all"])
+def test_skeletons_give_the_same_layouts_with_one_rendering_each(name, train_on):
+    tpl = (
+        qwen3_template()
+        if name == "qwen3"
+        else template({"chatml": CHATML, "headers": HEADERS, "inst": INST}[name])
+    )
+    convs = conversations()
+    plain = [outcome(tpl, m, train_on, None) for m in convs]
+    skeletons = Skeletons(tpl)
+    for m in convs:  # the first meeting of each shape renders its skeleton
+        outcome(tpl, m, train_on, skeletons)
+    tpl.renders = 0
+    cached = [outcome(tpl, m, train_on, skeletons) for m in convs]
+    assert cached == plain
+    errors = {x for x in plain if isinstance(x, str)}
+    assert all("raise" in e or "alternate" in e for e in errors), errors
+    assert bool(errors) == (name == "inst")  # [INST] refuses the generated system prompts
+    assert tpl.renders == len(convs)  # one rendering per conversation once shapes are known
+
+
+def test_a_template_that_branches_on_contents_falls_back_to_its_own_renderings():
+    tpl = template(BRANCHING)
+    loud = [{"role": "user", "content": "!hey"}, {"role": "assistant", "content": "fine"}]
+    quiet = [{"role": "user", "content": "hey"}, {"role": "assistant", "content": "fine"}]
+    shouted = [{"role": "user", "content": "hey"}, {"role": "assistant", "content": "!no"}]
+    skeletons = Skeletons(tpl)
+    for messages in (quiet, loud, shouted, loud):
+        assert outcome(tpl, messages, "assistant", skeletons) == outcome(
+            tpl, messages, "assistant", None
+        )
+    got = layout_chat(tpl, loud, "assistant", skeletons)
+    assert got.text.startswith("[loud]<user>!hey</user>")
+    assert [got.text[a:b] for a, b in got.trained] == ["fine</assistant>"]
+    assert "depending on its content" in outcome(tpl, shouted, "assistant", skeletons)
+
+
+def test_shapes_are_roles_and_every_other_field_and_the_cache_is_bounded():
+    base = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    named = [{"role": "user", "content": "a", "name": "x"}, {"role": "assistant", "content": "c"}]
+    assert shape_of(base) == ("user", "assistant")
+    assert shape_of(named)[0] == json.dumps({"name": "x", "role": "user"}, sort_keys=True)
+    assert shape_of(base) == shape_of([{**m, "content": "other"} for m in base])
+    tpl = template(CHATML)
+    skeletons = Skeletons(tpl, max_shapes=2)
+    for n in range(1, 5):
+        skeletons.get(base * n)
+    assert len(skeletons._cache) == 2
+    assert [len(k) for k in skeletons._cache] == [6, 8]  # the most recent shapes are kept
