@@ -19,6 +19,7 @@ result, on any runner or worker.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -95,18 +96,21 @@ class Skeletons:
         self._template = template
         self._max = max_shapes
         self._cache: OrderedDict[Hashable, Skeleton | None] = OrderedDict()
+        self._lock = threading.Lock()  # the threads runner's workers share one operator
 
     def get(self, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
         """The skeleton of ``messages``' shape; None when the template does not write every
         content exactly once with markers in place (then nothing is cached but that)."""
         key = shape_of(messages)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        skeleton = _build(self._template, messages)
-        self._cache[key] = skeleton
-        if len(self._cache) > self._max:
-            self._cache.popitem(last=False)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        skeleton = _build(self._template, messages)  # the same for every caller: no lock held
+        with self._lock:
+            self._cache[key] = skeleton
+            if len(self._cache) > self._max:
+                self._cache.popitem(last=False)
         return skeleton
 
 
