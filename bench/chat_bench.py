@@ -9,7 +9,9 @@ on the spot with ChatML's special tokens, and Qwen3's real tokenizer with its re
   ``emit_cu_seqlens``) → ``shuffle`` → ``batch`` on the threads runner with 2 workers, tokens
   counted from the batches (padding excluded).
 
-Rounds alternate the two; the figure is the median of the per-round ratios (target ≥ 0.8).
+After one untimed run of each (imports, first compilations and caches are not what is
+compared), rounds alternate the two; the figure is the median of the per-round ratios
+(target ≥ 0.8).
 Run with ``python -m bench.chat_bench`` (``--publish`` replaces the "Chat pipeline" section of
 docs/benchmarks.md and nothing else).
 """
@@ -144,6 +146,8 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
             tok = load_tok(str(tokenizer))
             config = pipeline_config(root, tokenizer)
             ratios, alone, chat = [], [], []
+            chat_rate(config)  # warm-up, not counted: imports, first compiles, caches
+            tokenizer_only_rate(tok, texts, 2)
             for r in range(rounds):
                 order = ("alone", "chat") if r % 2 == 0 else ("chat", "alone")
                 got = {}
@@ -178,7 +182,8 @@ def markdown(result: dict[str, Any], provenance: str) -> str:
         "Tokens/s of the chat pipeline (`render_chat` → `pack_flat` 2,048 with `emit_labels` and "
         "`emit_cu_seqlens` → `shuffle` → `batch` 8, threads x2, in-process) over tokens/s of its "
         "tokenizer alone (`encode_batch`, 2 threads) on the same conversations already rendered "
-        f"with the same template; medians of {result['rounds']} alternating rounds. "
+        f"with the same template; medians of {result['rounds']} alternating rounds after one "
+        "untimed run of each. "
         f"Target ≥ {TARGET}.",
         "",
         "| conversations | tokenizer | chat / tokenizer alone | rounds | tokenizer alone "

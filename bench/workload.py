@@ -98,6 +98,9 @@ def write_config(
         "lanes": LANES,
         "chunk_size": chunk_size,
         "flush_every_k_chunks": k,
+        # Throughput of the whole fixed work on every lane: with the default (shortest), the
+        # batches past the shortest lane's end would be produced but not delivered.
+        "end_of_data": "longest",
         "datasets": datasets,
         "pipeline": [
             {"decode_text": {}},
