@@ -30,9 +30,9 @@ docs/decisions.md ("Chat-template render budget") for the figures and the remain
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -129,10 +129,13 @@ class RenderBudget:
         """The text of a render generator, measured against the output budget every
         :data:`OUTPUT_CHUNKS` pieces (joining a batch runs at C speed, unlike a Python loop
         over the pieces); raises :class:`BudgetExceeded` once the text is over budget."""
-        text = "".join(itertools.islice(chunks, OUTPUT_CHUNKS))
+        text = "".join(islice(chunks, OUTPUT_CHUNKS))
         following = next(chunks, None)  # a render yields only strings: None is its end
         if following is None and len(text) <= OUTPUT_BASE:
             return text  # the common case: one batch, under the budget's floor
+        return self._collect_rest(text, following, chunks)
+
+    def _collect_rest(self, text: str, following: str | None, chunks: Iterator[str]) -> str:
         pieces, size, limit = [], 0, OUTPUT_BASE
         while True:
             if following is not None:
@@ -145,7 +148,7 @@ class RenderBudget:
             pieces.append(text)
             if following is None:
                 return "".join(pieces)
-            text = "".join(itertools.islice(chunks, OUTPUT_CHUNKS))
+            text = "".join(islice(chunks, OUTPUT_CHUNKS))
             following = next(chunks, None)
 
     def enter(self) -> None:
@@ -169,11 +172,13 @@ def _filters() -> dict[str, Any]:
     from jinja2 import pass_context
 
     @pass_context
-    def count(context: Any, iterable: Any) -> Any:
+    def count(context: Any, iterable: Any, sized: frozenset[type] = _SIZED) -> Any:
         budget: RenderBudget = context.parent[BUDGET_KEY]
-        if type(iterable) in _SIZED and len(iterable) <= budget.steps:
-            budget.steps -= len(iterable)  # charged whole: the loop runs as fast as without
-            return iterable
+        if type(iterable) in sized:
+            left = budget.steps - len(iterable)
+            if left >= 0:  # charged whole: the loop runs as fast as without the budget
+                budget.steps = left
+                return iterable
         return budget.iterate(iterable)
 
     @pass_context
