@@ -6,11 +6,15 @@ range(100000) %}...`` or a macro calling itself twice per call would render fore
 template can write gigabytes. Every render therefore gets a :class:`RenderBudget` sized by its
 conversation, and the template is rewritten once, before it is compiled (:func:`instrument`):
 
-* every ``{% for %}`` iterates ``iterable|<count>``: a generator that charges one *step* per
-  element it hands out (elements a loop's ``if`` filters out included; nested loops, loops
-  without ``loop`` and the whole list ``loop.length`` materialises all count). A recursive
-  loop (``loop(children)``) charges one step per element through its ``if`` test instead,
-  because the iterables it recurses into never pass through ``iter``;
+* every ``{% for %}`` iterates ``iterable|<count>``, which charges one *step* per element: a
+  list, tuple, dict or string the remaining budget covers is charged whole when the loop
+  starts (no per-element cost on the hot path); anything else (a ``range``, a filter's
+  generator, a list larger than what is left) through a generator that charges each element
+  it hands out, so a loop that breaks early pays only for what it ran. Elements a loop's
+  ``if`` filters out count, and so do nested loops, loops without ``loop`` and the whole
+  iterable ``loop.length`` materialises. A recursive loop (``loop(children)``) charges one
+  step per element through its ``if`` test instead, because the iterables it recurses into
+  never pass through ``iter``;
 * every macro body and ``{% call %}`` body charges one step when it starts and tracks its
   nesting depth (entered at the top, left at the bottom: a template cannot catch an exception,
   so the two stay balanced for the rest of a render), bounded by :data:`MAX_CALL_DEPTH`;
@@ -18,7 +22,7 @@ conversation, and the template is rewritten once, before it is compiled (:func:`
   character of the conversation), counting as the render generator yields;
 * ``*`` and ``**`` go through the environment (:func:`bounded_binop`): a repeated sequence or
   a power may not outgrow the output budget or :data:`MAX_INT_BITS` (they are not folded at
-  compile time either, so ``10 ** 10 ** 10`` cannot hang the compiler).
+  compile time either, so ``2 ** 1000000000000`` cannot hang the compiler).
 
 The counting helpers are filters whose names no template can write (they contain a space), so
 a template can neither call nor shadow them; they are called directly by the compiled code
