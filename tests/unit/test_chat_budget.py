@@ -122,6 +122,10 @@ def test_huge_output_goes_over_the_output_budget():
     long = [{"role": "user", "content": "y" * 100_000}, {"role": "assistant", "content": "z"}]
     text = "{% for m in messages %}{{ m.content * 10 }}{% endfor %}"
     assert len(template(text).render(long)) == 1_000_010
+    # past the budget's 1 MiB floor in many pieces, under the full budget: rendered whole
+    text = "{% for i in range(300) %}{{ i }}:{{ messages[0].content[:5000] }}{% endfor %}"
+    expected = "".join(f"{i}:" + "y" * 5000 for i in range(300))
+    assert template(text).render(long) == expected
 
 
 def test_repetition_and_powers_are_bounded_before_they_are_computed():

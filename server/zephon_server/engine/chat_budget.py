@@ -47,8 +47,9 @@ STEPS_PER_MESSAGE = 1_000
 #: Characters of output per render: a base plus a multiple of the conversation's characters.
 OUTPUT_BASE = 1 << 20
 OUTPUT_PER_CHAR = 16
-#: Pieces of output (one per output expression or text run) between two measurements.
-OUTPUT_CHUNKS = 256
+#: Pieces of output (one per output expression or text run) measured at once, at the start of
+#: a render; later ones are measured one by one.
+OUTPUT_CHUNKS = 64
 #: Deepest nesting of macro (and ``{% call %}``) bodies.
 MAX_CALL_DEPTH = 64
 #: Largest integer ``*`` or ``**`` may produce, in bits.
@@ -130,30 +131,33 @@ class RenderBudget:
         )
 
     def collect(self, chunks: Iterator[str]) -> str:
-        """The text of a render generator, measured against the output budget every
-        :data:`OUTPUT_CHUNKS` pieces (joining a batch runs at C speed, unlike a Python loop
-        over the pieces); raises :class:`BudgetExceeded` once the text is over budget."""
+        """The text of a render generator, measured against the output budget: the first
+        :data:`OUTPUT_CHUNKS` pieces at once (joined at C speed: most renders are that
+        short), then piece by piece; raises :class:`BudgetExceeded` once it is over budget."""
         text = "".join(islice(chunks, OUTPUT_CHUNKS))
         following = next(chunks, None)  # a render yields only strings: None is its end
         if following is None and len(text) <= OUTPUT_BASE:
-            return text  # the common case: one batch, under the budget's floor
-        return self._collect_rest(text, following, chunks)
-
-    def _collect_rest(self, text: str, following: str | None, chunks: Iterator[str]) -> str:
-        pieces, size, limit = [], 0, OUTPUT_BASE
-        while True:
-            if following is not None:
-                text += following
-            size += len(text)
-            if size > limit:
-                limit = self.output_limit()
+            return text  # the common case: short, under the budget's floor
+        pieces, size, limit = [text], len(text), OUTPUT_BASE
+        if following is not None:
+            pieces.append(following)
+            size += len(following)
+        if size > limit:
+            limit = self._check_output(size)
+        if following is not None:
+            for piece in chunks:
+                pieces.append(piece)
+                size += len(piece)
                 if size > limit:
-                    raise self.output_exceeded(size)
-            pieces.append(text)
-            if following is None:
-                return "".join(pieces)
-            text = "".join(islice(chunks, OUTPUT_CHUNKS))
-            following = next(chunks, None)
+                    limit = self._check_output(size)
+        return "".join(pieces)
+
+    def _check_output(self, size: int) -> int:
+        """The full output limit, once ``size`` passed the floor; raises when over it."""
+        limit = self.output_limit()
+        if size > limit:
+            raise self.output_exceeded(size)
+        return limit
 
     def enter(self) -> None:
         """A macro body starts: one step, one level deeper."""
