@@ -24,7 +24,7 @@ from zephon_client import DataClient
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_testing.infra import free_port
-from zephon_testing.servers import read_lane, serve_once, server
+from zephon_testing.servers import read_lane, serve_once, server, write_config
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(300)]
 
@@ -206,3 +206,32 @@ def test_a_lane_sharded_server_refuses_shortest_on_finite_data(setup):
     assert res.returncode != 0
     assert "end_of_data: shortest needs every lane in one server" in res.stderr
     assert "set end_of_data: longest" in res.stderr
+
+
+@pytest.mark.parametrize("policy", ["shortest", "longest"])
+def test_get_info_reports_end_of_data_and_the_common_end_once_known(tmp_path, corpus_dir, policy):
+    """GetInfo names the setting; with ``shortest`` it reports no common end before any lane
+    could have ended (nothing read, the producer held at ``--max-ahead``), then, once every
+    lane is read to its end, the end every lane delivered. ``longest`` never has one."""
+    config = write_config(tmp_path / "pipeline.yaml", corpus_dir, lanes=3, end_of_data=policy)
+    with server(["--config", str(config), "--max-ahead", "1"], tmp_path) as srv:
+        stub = srv.stub()
+        info = stub.GetInfo(pb.GetInfoRequest(), timeout=30)
+        assert info.end_of_data == policy and f"end_of_data: {policy} (" in info.plan
+        assert not info.HasField("common_end_seq")
+        first, _ = read_lane(stub, 0, count=2, consumer="peek")
+        assert len(first) == 2
+        assert not stub.GetInfo(pb.GetInfoRequest(), timeout=30).HasField("common_end_seq")
+        delivered = {}
+        for lane in range(3):
+            batches, end = read_lane(stub, lane, consumer=f"rank{lane}")
+            assert end is not None and end.next_seq == len(batches)
+            delivered[lane] = len(batches)
+        info = stub.GetInfo(pb.GetInfoRequest(), timeout=30)
+    if policy == "shortest":
+        assert info.HasField("common_end_seq")
+        assert delivered == dict.fromkeys(range(3), info.common_end_seq)
+        assert info.common_end_seq > 2
+    else:
+        assert not info.HasField("common_end_seq")
+        assert len(set(delivered.values())) > 1, delivered  # the lanes differ by themselves

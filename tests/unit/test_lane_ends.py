@@ -142,6 +142,28 @@ def test_the_cut_needs_every_lane_and_a_finite_stream(corpus_specs, tmp_path):
     check_served(endless, [0, 1])
 
 
+def test_explain_prints_the_setting_and_what_it_means(corpus_specs):
+    def explain(specs, **kwargs):
+        pipe = Pipeline(specs, lanes=4, **kwargs).tokenize().batch(microbatch_size=4)
+        lines = pipe.explain().splitlines()
+        assert lines[1].startswith("execution: ")  # the setting follows the execution line
+        return lines[2]
+
+    assert explain(corpus_specs) == (
+        "end_of_data: shortest (every lane ends at the seq where the shortest lane ends, so "
+        "every data-parallel rank takes the same number of steps; the longer lanes' later "
+        "batches are cut)"
+    )
+    assert explain(corpus_specs, end_of_data="longest") == (
+        "end_of_data: longest (each lane runs to its own end; ranks may take different "
+        "numbers of steps)"
+    )
+    endless = [replace(s, exhaustion="repeat") for s in corpus_specs]
+    assert explain(endless) == (
+        "end_of_data: shortest (not applied: a dataset repeats, so the lanes never end)"
+    )
+
+
 # -- real runs --------------------------------------------------------------------------------
 
 

@@ -53,7 +53,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("num_lanes", "fingerprint", "plan", "acknowledged", "checkpoint_ids", "version", "served_lanes", "tensor_names", "tokenizer", "flush_every_k_chunks")
+    __slots__ = ("num_lanes", "fingerprint", "plan", "acknowledged", "checkpoint_ids", "version", "served_lanes", "tensor_names", "tokenizer", "flush_every_k_chunks", "end_of_data", "common_end_seq")
     NUM_LANES_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,8 @@ class GetInfoResponse(_message.Message):
     TENSOR_NAMES_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     FLUSH_EVERY_K_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
+    COMMON_END_SEQ_FIELD_NUMBER: _ClassVar[int]
     num_lanes: int
     fingerprint: str
     plan: str
@@ -74,7 +76,9 @@ class GetInfoResponse(_message.Message):
     tensor_names: _containers.RepeatedScalarFieldContainer[str]
     tokenizer: str
     flush_every_k_chunks: int
-    def __init__(self, num_lanes: _Optional[int] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[str] = ..., acknowledged: _Optional[_Iterable[_Union[LanePosition, _Mapping]]] = ..., checkpoint_ids: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., served_lanes: _Optional[_Iterable[int]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., tokenizer: _Optional[str] = ..., flush_every_k_chunks: _Optional[int] = ...) -> None: ...
+    end_of_data: str
+    common_end_seq: int
+    def __init__(self, num_lanes: _Optional[int] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[str] = ..., acknowledged: _Optional[_Iterable[_Union[LanePosition, _Mapping]]] = ..., checkpoint_ids: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., served_lanes: _Optional[_Iterable[int]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., tokenizer: _Optional[str] = ..., flush_every_k_chunks: _Optional[int] = ..., end_of_data: _Optional[str] = ..., common_end_seq: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
     __slots__ = ("open", "ack", "ring")

@@ -659,6 +659,13 @@ class LaneHub:
         with self._cond:
             return {lane: st.next_seq for lane, st in sorted(self._state.items())}
 
+    def common_end(self) -> int | None:
+        """The seq every lane ends at (``end_of_data: shortest`` on a finite stream) once it
+        is final (:attr:`.lane_ends.LaneEnds.end`); None before, and when no common end applies."""
+        with self._cond:
+            gate = self.end_gate
+            return gate.ends.end if gate is not None else None
+
     def checkpoint(
         self, positions: dict[int, int] | None = None, tag: str = "", produce_timeout: float = 30.0
     ) -> tuple[str, bytes, ResumeState]:

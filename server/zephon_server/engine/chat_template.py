@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import chat_budget
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -248,6 +249,11 @@ def _environment_class() -> type:
     from jinja2.utils import Namespace
 
     class ChatEnvironment(ImmutableSandboxedEnvironment):
+        intercepted_binops = chat_budget.BOUNDED_BINOPS
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            return chat_budget.bounded_binop(context, operator, left, right)
+
         def getattr(self, obj: Any, attribute: str) -> Any:
             kind = type(obj)
             if kind is dict and attribute not in _DICT_ATTRIBUTES and attribute in obj:
@@ -272,7 +278,12 @@ def _environment_class() -> type:
 
 
 class ChatTemplate:
-    """A compiled chat template; :meth:`render` turns messages into text."""
+    """A compiled chat template; :meth:`render` turns messages into text.
+
+    The template is instrumented before it is compiled (:mod:`.chat_budget`): every render has
+    a budget of loop iterations, macro calls and output, so a hostile template fails with
+    :class:`ChatTemplateError` instead of hanging or filling memory.
+    """
 
     def __init__(self, source: TemplateSource, *, date: datetime.date) -> None:
         from jinja2 import TemplateSyntaxError
@@ -290,7 +301,7 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = moment.strftime
         try:
-            self._template = env.from_string(source.text)
+            self._template = env.from_string(chat_budget.instrument(env, env.parse(source.text)))
         except TemplateSyntaxError as exc:
             raise ConfigError(
                 f"chat template from {source.origin}: syntax error at line {exc.lineno}: "
@@ -310,13 +321,25 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The template's text for ``messages`` (training: no generation prompt).
 
-        Raises :class:`ChatTemplateError` for any failure of the template on these messages.
+        Raises :class:`ChatTemplateError` for any failure of the template on these messages,
+        going over its render budget (:mod:`.chat_budget`) included.
         """
         scope = self._scope.copy()
         scope["messages"] = list(messages)
+        budget = scope[chat_budget.BUDGET_KEY] = chat_budget.RenderBudget(messages)
         template = self._template
         try:
-            return "".join(template.root_render_func(template.new_context(scope, shared=True)))
+            text = budget.collect(
+                template.root_render_func(template.new_context(scope, shared=True))
+            )
+        except chat_budget.BudgetExceeded as exc:
+            raise ChatTemplateError(str(exc)) from exc
+        except RecursionError as exc:
+            raise ChatTemplateError(
+                "the chat template went over its call depth budget: it recursed deeper than "
+                f"Python allows; {chat_budget.FIX}"
+            ) from exc
         except Exception as exc:  # any failure of the template is this conversation's problem
-            text = str(exc) or type(exc).__name__
-            raise ChatTemplateError(f"the chat template failed: {text}") from exc
+            problem = str(exc) or type(exc).__name__
+            raise ChatTemplateError(f"the chat template failed: {problem}") from exc
+        return text

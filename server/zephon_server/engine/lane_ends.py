@@ -312,6 +312,21 @@ def finite(pipeline: Any) -> bool:
     return all(spec.exhaustion == "stop" for spec in pipeline.datasets)
 
 
+def describe(pipeline: Any) -> str:
+    """One line for ``zephon explain``: the pipeline's ``end_of_data`` and what it does here."""
+    policy = pipeline.end_of_data
+    if not finite(pipeline):
+        meaning = "not applied: a dataset repeats, so the lanes never end"
+    elif policy == SHORTEST:
+        meaning = (
+            "every lane ends at the seq where the shortest lane ends, so every data-parallel "
+            "rank takes the same number of steps; the longer lanes' later batches are cut"
+        )
+    else:
+        meaning = "each lane runs to its own end; ranks may take different numbers of steps"
+    return f"end_of_data: {policy} ({meaning})"
+
+
 def applies(pipeline: Any, lanes: Sequence[int]) -> bool:
     """Whether a consumer of ``lanes`` of ``pipeline`` applies the common end: ``shortest``,
     a finite stream, and every lane (a subset cannot know the others' ends)."""

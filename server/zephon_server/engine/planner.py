@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import lane_ends
 from .datasets import DatasetInfo, resolve_datasets
 from .errors import ConfigError
 from .execution import ExecutionConfig
@@ -85,6 +86,7 @@ class Plan:
             f"chunk_size={p.chunk_size} flush_every_k_chunks={p.flush_every_k_chunks}",
             f"execution: runner={ex.runner} workers={ex.workers} "
             f"deterministic={ex.deterministic} fuse={ex.fuse}",
+            lane_ends.describe(p),
             "datasets:",
         ]
         total = sum(d.spec.weight for d in self.datasets)

@@ -99,6 +99,8 @@ class DataService(pb_grpc.DataServiceServicer):
             tensor_names=_tensor_names(hub),
             tokenizer=getattr(tokenizers[-1], "tokenizer_spec", "") if tokenizers else "",
             flush_every_k_chunks=hub.plan.pipeline.flush_every_k_chunks,
+            end_of_data=hub.plan.pipeline.end_of_data,
+            common_end_seq=hub.common_end(),  # None (unset) until every lane's end is known
         )
 
     def Checkpoint(

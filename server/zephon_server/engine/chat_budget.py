@@ -1,0 +1,267 @@
+"""Chat-template render budget: a hostile template fails closed instead of hanging.
+
+A chat template is code from a tokenizer directory or a pipeline file, and Jinja's sandbox
+only stops it reaching Python objects: ``{% for i in range(100000) %}{% for j in
+range(100000) %}...`` or a macro calling itself twice per call would render forever, and a
+template can write gigabytes. Every render therefore gets a :class:`RenderBudget` sized by its
+conversation, and the template is rewritten once, before it is compiled (:func:`instrument`):
+
+* every ``{% for %}`` iterates ``iterable|<count>``, which charges one *step* per element: a
+  list, tuple, dict or string the remaining budget covers is charged whole when the loop
+  starts (no per-element cost on the hot path); anything else (a ``range``, a filter's
+  generator, a list larger than what is left) through a generator that charges each element
+  it hands out, so a loop that breaks early pays only for what it ran. Elements a loop's
+  ``if`` filters out count, and so do nested loops, loops without ``loop`` and the whole
+  iterable ``loop.length`` materialises. A recursive loop (``loop(children)``) charges one
+  step per element through its ``if`` test instead, because the iterables it recurses into
+  never pass through ``iter``;
+* every macro body and ``{% call %}`` body charges one step when it starts and tracks its
+  nesting depth (entered at the top, left at the bottom: a template cannot catch an exception,
+  so the two stay balanced for the rest of a render), bounded by :data:`MAX_CALL_DEPTH`;
+* the caller bounds the output (:data:`OUTPUT_BASE` + :data:`OUTPUT_PER_CHAR` characters per
+  character of the conversation), counting as the render generator yields;
+* ``*`` and ``**`` go through the environment (:func:`bounded_binop`): a repeated sequence or
+  a power may not outgrow the output budget or :data:`MAX_INT_BITS` (they are not folded at
+  compile time either, so ``2 ** 1000000000000`` cannot hang the compiler).
+
+The counting helpers are filters whose names no template can write (they contain a space), so
+a template can neither call nor shadow them; they are called directly by the compiled code
+(filters skip the sandbox's per-call checks) and find the render's budget in the render's
+context. The rewrite changes what a template may do, never what it writes: outputs are
+byte-identical. Budgets are generous for real templates (linear in the conversation); see
+docs/decisions.md ("Chat-template render budget") for the figures and the remaining limits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Steps (loop iterations + macro calls) per render: a base plus a share per message.
+STEPS_BASE = 10_000
+STEPS_PER_MESSAGE = 1_000
+#: Characters of output per render: a base plus a multiple of the conversation's characters.
+OUTPUT_BASE = 1 << 20
+OUTPUT_PER_CHAR = 16
+#: Pieces of output (one per output expression or text run) measured at once, at the start of
+#: a render; later ones are measured one by one.
+OUTPUT_CHUNKS = 64
+#: Deepest nesting of macro (and ``{% call %}``) bodies.
+MAX_CALL_DEPTH = 64
+#: Largest integer ``*`` or ``**`` may produce, in bits.
+MAX_INT_BITS = 1 << 16
+#: Where a render's budget sits in its Jinja context (not a name a template can write).
+BUDGET_KEY = "zephon render budget"
+#: Iterables a loop is charged for in full when it starts, if the budget has room for them all
+#: (else element by element, so that only iterations actually run can exhaust the budget).
+_SIZED = frozenset([list, tuple, dict, str])
+_COUNT, _STEP, _ENTER, _LEAVE = (
+    "zephon count",
+    "zephon step",
+    "zephon enter",
+    "zephon leave",
+)
+FIX = "the template is the problem: fix it, or give render_chat: {template: PATH} a template file"
+
+
+class BudgetExceeded(Exception):
+    """A render went over its budget; the message names the budget and the fix."""
+
+
+class RenderBudget:
+    """What one render may still spend. Mutable on purpose: it is a per-render counter,
+    created for each render (by :meth:`ChatTemplate.render`) and dropped when it ends."""
+
+    __slots__ = ("_messages", "_output_limit", "depth", "steps")
+
+    def __init__(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        self._messages = messages
+        self.steps = STEPS_BASE + STEPS_PER_MESSAGE * len(messages)
+        self.depth = 0
+        self._output_limit = 0
+
+    @property
+    def step_limit(self) -> int:
+        """Steps (loop iterations and macro calls) the render may take."""
+        return STEPS_BASE + STEPS_PER_MESSAGE * len(self._messages)
+
+    def output_limit(self) -> int:
+        """Characters the render may write: :data:`OUTPUT_BASE` + :data:`OUTPUT_PER_CHAR` per
+        character of the messages' top-level string fields (``content``,
+        ``reasoning_content``, ``role``, ...). Computed on first use: a render that stays
+        under :data:`OUTPUT_BASE` never needs it, and the hot path skips the count."""
+        if not self._output_limit:
+            chars = 0
+            for message in self._messages:
+                if isinstance(message, Mapping):
+                    chars += sum(len(v) for v in message.values() if type(v) is str)
+            self._output_limit = OUTPUT_BASE + OUTPUT_PER_CHAR * chars
+        return self._output_limit
+
+    def iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """``iterable``'s elements, one step each."""
+        for item in iterable:
+            self.steps -= 1
+            if self.steps < 0:
+                raise self.steps_exceeded()
+            yield item
+
+    def step(self) -> None:
+        """Charge one step."""
+        self.steps -= 1
+        if self.steps < 0:
+            raise self.steps_exceeded()
+
+    def steps_exceeded(self) -> BudgetExceeded:
+        return BudgetExceeded(
+            f"the chat template went over its render budget of {self.step_limit} loop "
+            f"iterations and macro calls ({STEPS_BASE} + {STEPS_PER_MESSAGE} per message, "
+            f"{len(self._messages)} messages); {FIX}"
+        )
+
+    def output_exceeded(self, size: int) -> BudgetExceeded:
+        return BudgetExceeded(
+            f"the chat template went over its output budget of {self.output_limit()} characters "
+            f"({OUTPUT_BASE} + {OUTPUT_PER_CHAR} per character of the conversation; it wrote "
+            f"{size}); {FIX}"
+        )
+
+    def collect(self, chunks: Iterator[str]) -> str:
+        """The text of a render generator, measured against the output budget: the first
+        :data:`OUTPUT_CHUNKS` pieces at once (joined at C speed: most renders are that
+        short), then piece by piece; raises :class:`BudgetExceeded` once it is over budget."""
+        text = "".join(islice(chunks, OUTPUT_CHUNKS))
+        following = next(chunks, None)  # a render yields only strings: None is its end
+        if following is None and len(text) <= OUTPUT_BASE:
+            return text  # the common case: short, under the budget's floor
+        pieces, size, limit = [text], len(text), OUTPUT_BASE
+        if following is not None:
+            pieces.append(following)
+            size += len(following)
+        if size > limit:
+            limit = self._check_output(size)
+        if following is not None:
+            for piece in chunks:
+                pieces.append(piece)
+                size += len(piece)
+                if size > limit:
+                    limit = self._check_output(size)
+        return "".join(pieces)
+
+    def _check_output(self, size: int) -> int:
+        """The full output limit, once ``size`` passed the floor; raises when over it."""
+        limit = self.output_limit()
+        if size > limit:
+            raise self.output_exceeded(size)
+        return limit
+
+    def enter(self) -> None:
+        """A macro body starts: one step, one level deeper."""
+        self.step()
+        self.depth += 1
+        if self.depth > MAX_CALL_DEPTH:
+            raise BudgetExceeded(
+                f"the chat template went over its call depth budget: macros nested more than "
+                f"{MAX_CALL_DEPTH} deep (a macro that calls itself without end?); {FIX}"
+            )
+
+
+def _budget(context: Any) -> RenderBudget:
+    budget: RenderBudget = context.parent[BUDGET_KEY]
+    return budget
+
+
+def _filters() -> dict[str, Any]:
+    """The counting filters, by their unwritable names (they take the render's context)."""
+    from jinja2 import pass_context
+
+    @pass_context
+    def count(context: Any, iterable: Any, sized: frozenset[type] = _SIZED) -> Any:
+        budget: RenderBudget = context.parent[BUDGET_KEY]
+        if type(iterable) in sized:
+            left = budget.steps - len(iterable)
+            if left >= 0:  # charged whole: the loop runs as fast as without the budget
+                budget.steps = left
+                return iterable
+        return budget.iterate(iterable)
+
+    @pass_context
+    def step(context: Any, value: Any) -> Any:
+        _budget(context).step()
+        return value
+
+    @pass_context
+    def enter(context: Any, value: Any) -> Any:
+        _budget(context).enter()
+        return value
+
+    @pass_context
+    def leave(context: Any, value: Any) -> Any:
+        _budget(context).depth -= 1
+        return value
+
+    return {_COUNT: count, _STEP: step, _ENTER: enter, _LEAVE: leave}
+
+
+def _call(arg: Any, name: str, lineno: int) -> Any:
+    from jinja2 import nodes
+
+    return nodes.Filter(arg, name, [], [], None, None, lineno=lineno)
+
+
+def instrument(env: Any, ast: Any) -> Any:
+    """Install the counting filters in ``env`` and rewrite the parsed template ``ast`` (a
+    ``jinja2.nodes.Template``, changed in place and returned) so that every loop iteration and
+    macro call is charged to the render's budget."""
+    from jinja2 import nodes
+
+    env.filters.update(_filters())
+    for loop in list(ast.find_all(nodes.For)):
+        if loop.recursive:
+            tick = _call(nodes.Const(True), _STEP, loop.lineno)
+            loop.test = tick if loop.test is None else nodes.And(tick, loop.test)
+        else:
+            loop.iter = _call(loop.iter, _COUNT, loop.lineno)
+    for body in [*ast.find_all(nodes.Macro), *ast.find_all(nodes.CallBlock)]:
+        enter = nodes.ExprStmt(_call(nodes.Const(None), _ENTER, body.lineno))
+        leave = nodes.ExprStmt(_call(nodes.Const(None), _LEAVE, body.lineno))
+        body.body = [enter, *body.body, leave]
+    ast.set_environment(env)
+    return ast
+
+
+#: The binary operators :func:`bounded_binop` checks.
+BOUNDED_BINOPS = frozenset(["*", "**"])
+
+
+def bounded_binop(context: Any, operator: str, left: Any, right: Any) -> Any:
+    """``left * right`` or ``left ** right``, refused (:class:`BudgetExceeded`) when the
+    result would be a sequence longer than the output budget or an integer over
+    :data:`MAX_INT_BITS` bits: computing it could take all memory or never end."""
+    if operator == "*":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                limit = _budget(context).output_limit()
+                if len(seq) * times > limit:
+                    raise BudgetExceeded(
+                        f"the chat template repeats a sequence of {len(seq)} {times} times, "
+                        f"more than its output budget of {limit} characters; {FIX}"
+                    )
+        if isinstance(left, int) and isinstance(right, int):
+            _check_bits(left.bit_length() + right.bit_length(), "*")
+        return left * right
+    if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
+        _check_bits(left.bit_length() * right, "**")
+    return left**right
+
+
+def _check_bits(bits: int, operator: str) -> None:
+    if bits > MAX_INT_BITS:
+        raise BudgetExceeded(
+            f"the chat template computes an integer of about {bits} bits with {operator!r}, "
+            f"more than its budget of {MAX_INT_BITS} bits; {FIX}"
+        )
