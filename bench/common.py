@@ -108,5 +108,17 @@ def save(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
+def compile_sources() -> None:
+    """Byte-compile the project's sources, as an install does: with
+    ``PYTHONDONTWRITEBYTECODE`` set (some shells and CI set it), every process the benchmark
+    starts would otherwise compile the modules it imports again, and start-up figures would
+    count it."""
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for part in ("server", "client"):
+        compileall.compile_dir(str(root / part), quiet=1)
+
+
 def load_tok(spec: str) -> Tokenizer:
     return load_tokenizer(spec)

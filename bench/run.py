@@ -52,7 +52,7 @@ from .cases import (
     measure_child,
     steady_valid,
 )
-from .common import RESULTS
+from .common import RESULTS, compile_sources
 from .service import checkpoint_rpc
 from .workload import TOKENIZER_SAMPLE, VOCAB_SIZE, Workload, prepare
 
@@ -489,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     started = time.time()
+    compile_sources()  # the servers and clients it starts import compiled modules
     if ALLOCATOR and ALLOCATOR not in os.environ.get("LD_PRELOAD", ""):
         # Every child runs with the allocator `zephon serve` picks (the glibc cases remove it).
         os.environ["LD_PRELOAD"] = ":".join(filter(None, [ALLOCATOR, os.environ.get("LD_PRELOAD")]))

@@ -48,7 +48,7 @@ from typing import Any
 import yaml
 
 from . import startup_report
-from .common import RESULTS
+from .common import RESULTS, compile_sources
 from .service import HOST, START_TIMEOUT, spawn, stop, tail
 from .workload import MAX_LENGTH, MICROBATCH, VOCAB_SIZE
 
@@ -192,8 +192,11 @@ def bpe_tokenizer(reference: Path, given: str | None = None) -> str:
     return str(path)
 
 
-def write_config(path: Path, dataset: str, tokenizer: str, *, shuffle: bool) -> Path:
-    """A one-dataset pipeline: decode → tokenize → pack_flat 2048 [→ shuffle] → batch 8."""
+def write_config(
+    path: Path, dataset: str, tokenizer: str, *, shuffle: bool, end_of_data: str | None = None
+) -> Path:
+    """A one-dataset pipeline: decode → tokenize → pack_flat 2048 [→ shuffle] → batch 8
+    (``end_of_data`` unset: the default, ``shortest``)."""
     ops: list[dict[str, Any]] = [
         {"decode_text": {}},
         {"tokenize": {"tokenizer": tokenizer}},
@@ -211,13 +214,17 @@ def write_config(path: Path, dataset: str, tokenizer: str, *, shuffle: bool) -> 
         "pipeline": ops,
         "execution": {"runner": "threads", "workers": 2},
     }
+    if end_of_data is not None:
+        cfg["end_of_data"] = end_of_data
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
-def cases(work_dir: Path, quick: bool, tokenizer: str | None) -> tuple[list[Case], Case]:
-    """The shard-count cases and the reference case (corpora generated on first use)."""
+def cases(work_dir: Path, quick: bool, tokenizer: str | None) -> tuple[list[Case], Case, Case]:
+    """The shard-count cases, the reference case, and the reference case with ``end_of_data:
+    longest`` (the first batch of the default, ``shortest``, on this finite corpus waits for
+    every lane's first batch; corpora generated on first use)."""
     out = []
     for count in QUICK_SHARD_COUNTS if quick else SHARD_COUNTS:
         root = small_shards(count)
@@ -230,7 +237,14 @@ def cases(work_dir: Path, quick: bool, tokenizer: str | None) -> tuple[list[Case
         work_dir / "reference.yaml", str(root), bpe_tokenizer(root, tokenizer), shuffle=True
     )
     ref = Case(f"reference {len(files)} x {size / len(files):.0f} MB, BPE", config, files)
-    return out, ref
+    longest = write_config(
+        work_dir / "reference-longest.yaml",
+        str(root),
+        bpe_tokenizer(root, tokenizer),
+        shuffle=True,
+        end_of_data="longest",
+    )
+    return out, ref, Case(f"{ref.name}, end_of_data: longest", longest, files)
 
 
 # -- one start --------------------------------------------------------------------------------
@@ -488,7 +502,10 @@ def method(support: Support, rounds: int) -> list[str]:
         "on glibc malloc) to SERVING (its `--port-file` appears) and to the first batch a "
         "`DataClient` receives; RSS of the server at SERVING. JSONL shards of ~20 KB with the "
         "byte tokenizer, and the reference workload (8 JSONL shards of 38 MB, the BPE "
-        f"tokenizer, shuffle, threads x2). {index}. Shard files in the page cache. Medians of "
+        "tokenizer, shuffle, threads x2), with the default `end_of_data: shortest` (this "
+        "corpus is finite, so the first batch waits until every lane has one) and with "
+        f"`end_of_data: longest`. {index}. Shard files in the page cache, sources "
+        "byte-compiled. Medians of "
         f"{rounds} round(s), both allocators back to back in each (the order alternates); "
         "the allocator ratios are medians of per-round ratios. The per-round times to the "
         "first batch are in brackets. `python -m bench.startup` runs this section alone.",
@@ -503,13 +520,13 @@ def run(
     logging.getLogger("zephon_client").setLevel(logging.WARNING)  # a line per connection
     support = probe_support()
     log.info("start-up: index dir %s, zephon index %s", support.index_dir, support.index_cmd)
-    small, ref = cases(work_dir, quick, tokenizer)
+    small, ref, ref_longest = cases(work_dir, quick, tokenizer)
     for case in (*small, ref):
         read_seconds(case.files, cold=False)  # into the page cache
     runs: list[dict[str, Any]] = []
     for rnd in range(rounds):
         order = startup_report.ALLOCATORS[:: -1 if rnd % 2 else 1]
-        for case in (*small, ref):
+        for case in (*small, ref, ref_longest):
             log.info("start-up round %d: %s", rnd + 1, case.name)
             runs += run_case(case, support, rnd, order, work_dir)
     log.info("start-up: read rates")
@@ -529,6 +546,7 @@ def run(
         "index_cmd": support.index_cmd,
         "rounds": rounds,
         "reference_case": ref.name,
+        "reference_longest_case": ref_longest.name,
         "runs": runs,
         "index_rate": rates,
         "method": method(support, rounds),
@@ -550,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    compile_sources()
     section = run(RESULTS / "startup-run", rounds=args.rounds, quick=args.quick)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "startup.json").write_text(json.dumps(section, indent=1) + "\n")

@@ -112,6 +112,20 @@ def test_targets_use_the_warm_default_allocator_rows():
     assert len(allocs) == 2 and all(t["ok"] for t in allocs)  # equal times: ratio 1.00
 
 
+def test_the_reference_with_end_of_data_longest_is_a_row_of_its_own_not_a_shard_count():
+    data = section(True, 2.5, 150 * MB, 3.1)
+    for alloc in sr.ALLOCATORS:  # 8 shards, fewer than any count case: never the "small" one
+        data["runs"].append(run("ref, longest", alloc, 0, 1.3, index="warm", shards=8, rss=MB))
+    data["reference_longest_case"] = "ref, longest"
+    found = {t["label"]: t for t in sr.targets(data)}
+    default = found["reference workload (ref), warm index: launch to first batch"]
+    longest = found["reference workload (ref, longest), warm index: launch to first batch"]
+    assert (default["shown"], default["ok"]) == ("3.10 s", False)
+    assert (longest["shown"], longest["ok"]) == ("1.30 s", True)
+    rss = found["RSS at SERVING, 10,000 shards vs 100 shards"]
+    assert rss["shown"] == "+90 MB (60 → 150 MB)"
+
+
 def test_missed_targets_say_by_how_much_and_no_warm_figure_is_claimed_without_the_index():
     found = sr.targets(section(False, 6.0, 200 * MB, 3.0))
     labels = [t["label"] for t in found]
