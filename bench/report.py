@@ -762,10 +762,39 @@ def write_readme(results: dict[str, Any], readme: Path) -> bool:
     return True
 
 
+#: Sections of the page other commands publish (``bench.chat_bench``): a run keeps them.
+KEPT_SECTIONS = ("## Chat pipeline",)
+
+
+def kept_sections(page: str) -> list[str]:
+    """The :data:`KEPT_SECTIONS` of ``page``, each up to the next ``## `` heading."""
+    lines = page.split("\n")
+    out = []
+    for title in KEPT_SECTIONS:
+        start = next((i for i, line in enumerate(lines) if line == title), None)
+        if start is not None:
+            end = next(
+                (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+                len(lines),
+            )
+            out.append("\n".join(lines[start:end]).rstrip("\n") + "\n")
+    return out
+
+
+def with_kept(page: str, sections: list[str]) -> str:
+    """``page`` with ``sections`` put back before its ``## Other figures``."""
+    if not sections:
+        return page
+    at = page.find("\n## Other figures")
+    at = len(page) if at < 0 else at + 1
+    return page[:at] + "".join(s + "\n" for s in sections) + page[at:]
+
+
 def write(results: dict[str, Any], md: Path, png: Path, readme: Path | None = None) -> None:
     chart(results, png)
     md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(markdown(results, png_name=png.name))
+    kept = kept_sections(md.read_text()) if md.exists() else []
+    md.write_text(with_kept(markdown(results, png_name=png.name), kept))
     if readme is not None:
         write_readme(results, readme)
 
