@@ -117,3 +117,16 @@ def test_shapes_are_roles_and_every_other_field_and_the_cache_is_bounded():
         skeletons.get(base * n)
     assert len(skeletons._cache) == 2
     assert [len(k) for k in skeletons._cache] == [6, 8]  # the most recent shapes are kept
+
+
+def test_a_shape_with_long_fields_is_laid_out_but_not_kept():
+    tpl = template(CHATML)
+    skeletons = Skeletons(tpl)
+    long = {"role": "assistant", "content": "yes", "reasoning_content": "why " * 2000}
+    messages = [{"role": "user", "content": "q"}, long]
+    assert layout_chat(tpl, messages, "assistant", skeletons) == layout_chat(
+        tpl, messages, "assistant", None
+    )
+    assert not skeletons._cache
+    skeletons.get([{"role": "user", "content": "q"}, {**long, "reasoning_content": "short"}])
+    assert len(skeletons._cache) == 1

@@ -21,13 +21,16 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .chat_template import ChatTemplate, ChatTemplateError
 
 #: Shapes kept per operator (least recently used ones go first).
 MAX_SHAPES = 4096
+#: Largest shape kept, in characters of its roles and non-content fields: a shape carrying long
+#: fields (``reasoning_content``, big ``tool_calls``) or hundreds of turns is rarely met twice.
+MAX_SHAPE_CHARS = 4096
 #: Stands in for a message's content (private-use characters no data contains).
 MARKER = "\ue000zephon-content\ue001"
 
@@ -37,7 +40,7 @@ def marker(i: int) -> str:
     return f"{MARKER}{i}\ue002"
 
 
-def shape_of(messages: Sequence[dict[str, Any]]) -> Hashable:
+def shape_of(messages: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     """What a conversation's rendering may depend on besides its contents: the roles, and
     every other field of a message (``name``, ``tool_calls``, ...) in a canonical form."""
     return tuple(m["role"] if len(m) == 2 else _fields(m) for m in messages)
@@ -90,12 +93,13 @@ class Skeleton:
 
 
 class Skeletons:
-    """Skeletons of the shapes a template met, at most :data:`MAX_SHAPES` of them."""
+    """Skeletons of the shapes a template met: at most :data:`MAX_SHAPES` of them, none
+    larger than :data:`MAX_SHAPE_CHARS`."""
 
     def __init__(self, template: ChatTemplate, max_shapes: int = MAX_SHAPES) -> None:
         self._template = template
         self._max = max_shapes
-        self._cache: OrderedDict[Hashable, Skeleton | None] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, ...], Skeleton | None] = OrderedDict()
         self._lock = threading.Lock()  # the threads runner's workers share one operator
 
     def get(self, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
@@ -107,6 +111,8 @@ class Skeletons:
                 self._cache.move_to_end(key)
                 return self._cache[key]
         skeleton = _build(self._template, messages)  # the same for every caller: no lock held
+        if sum(len(part) for part in key) > MAX_SHAPE_CHARS:
+            return skeleton  # too big to keep (see MAX_SHAPE_CHARS)
         with self._lock:
             self._cache[key] = skeleton
             if len(self._cache) > self._max:
