@@ -11,6 +11,7 @@ writes ``tokenizer.json`` and ``tokenizer_config.json`` (with the template) into
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,21 @@ def trained_runs(op: Any, ids: Any, mask: Any) -> list[str]:
             runs[-1].append(token)
         previous = bit
     return [decode(op, run) for run in runs]
+
+
+def rows_and_tombstones(run: Any, check: Any = None) -> tuple[set[int], Counter]:
+    """Iterate ``run`` to its end: the rows its batches carry, and ``(row, reason)`` counts of
+    every tombstone (in batches and in the lanes' tails). ``check(batch)`` sees each batch."""
+    from zephon_server.engine.numbered_batch import NumberedBatch
+
+    rows: set[int] = set()
+    tombstones: Counter = Counter()
+    for item in run:
+        if isinstance(item, NumberedBatch):
+            rows.update(m.doc.row for m in item.rows)
+            tombstones.update((m.doc.row, m.tombstone) for m in item.tombstones)
+            if check is not None:
+                check(item)
+    for log in run.logs.values():
+        tombstones.update((m.doc.row, m.tombstone) for m in log.tail_tombstones)
+    return rows, tombstones

@@ -19,14 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.chat_helpers import CHATML, HEADERS, INST
+from tests.support.chat_helpers import CHATML, HEADERS, INST, rows_and_tombstones
 from zephon_server.engine import chat_budget
 from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.chat_template import ChatTemplate, ChatTemplateError, TemplateSource
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
 from zephon_server.engine.errors import DataError
-from zephon_server.engine.numbered_batch import NumberedBatch
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -220,14 +219,7 @@ def hostile_pipeline(tmp_path: Path, on_error: str) -> tuple[Any, Any, Path]:
 def test_hostile_template_records_are_skipped_and_counted(tmp_path):
     pipe, execution, _ = hostile_pipeline(tmp_path, "skip")
     run = pipe.run(execution)
-    rows: set[int] = set()
-    tombstones: Counter = Counter()
-    for item in run:
-        if isinstance(item, NumberedBatch):
-            rows.update(m.doc.row for m in item.rows)
-            tombstones.update((m.doc.row, m.tombstone) for m in item.tombstones)
-    for log in run.logs.values():
-        tombstones.update((m.doc.row, m.tombstone) for m in log.tail_tombstones)
+    rows, tombstones = rows_and_tombstones(run)
     assert tombstones == Counter({(row, "chat_error"): 1 for row in BOOM_ROWS})
     assert rows == set(range(12)) - set(BOOM_ROWS)
     assert run.stats()["skipped"] == {"chat": len(BOOM_ROWS)}

@@ -23,12 +23,17 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.support.chat_helpers import CHATML, chat_tokenizer, decode, trained_runs
+from tests.support.chat_helpers import (
+    CHATML,
+    chat_tokenizer,
+    decode,
+    rows_and_tombstones,
+    trained_runs,
+)
 from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
 from zephon_server.engine.errors import ConfigError, DataError
-from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.ops.render_chat import RenderChat, token_mask
 from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
 
@@ -364,15 +369,9 @@ def test_bad_records_are_skipped_and_counted_with_their_reasons(tmp_path, tok_di
     path, _ = bad_corpus(tmp_path)
     pipe, execution = chat_config(path, tok_dirs["chatml"], "skip", runner, 2)
     run = pipe.run(execution)
-    rows: set[int] = set()
-    tombstones: Counter = Counter()
-    for item in run:
-        if isinstance(item, NumberedBatch):
-            rows.update(m.doc.row for m in item.rows)
-            tombstones.update((m.doc.row, m.tombstone) for m in item.tombstones)
-            assert item.tensors["loss_mask"].dtype == np.uint8
-    for log in run.logs.values():
-        tombstones.update((m.doc.row, m.tombstone) for m in log.tail_tombstones)
+    dtypes: set[np.dtype] = set()
+    rows, tombstones = rows_and_tombstones(run, lambda b: dtypes.add(b.tensors["loss_mask"].dtype))
+    assert dtypes == {np.dtype(np.uint8)}
     expected = {(row, reason) for row, (_, reason) in BAD_ROWS.items() if reason}
     assert set(tombstones) == expected and set(tombstones.values()) == {1}
     assert rows == set(range(20)) - {row for row, _ in expected}
