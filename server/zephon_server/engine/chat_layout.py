@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_skeleton import MARKER, Skeletons
+from .chat_skeleton import MARKER, Misplaced, Skeletons, cut, place
 from .chat_skeleton import marker as _marker
 from .chat_template import ChatTemplate, ChatTemplateError
 
@@ -97,37 +97,30 @@ def _content_ranges(
         template,
         [{**m, "content": _marker(i)} if i in indices else m for i, m in enumerate(messages)],
     )
-    out: dict[int, tuple[int, int]] = {}
-    pos_probe = pos_full = 0
-    for i in indices:
-        where = f"message {i} ({messages[i]['role']})"
-        marker = _marker(i)
-        at = probe.find(marker, pos_probe)
-        if at < 0 or probe.find(marker, at + 1) >= 0:
-            raise ChatError(f"{where}: the chat template does not write the content exactly once")
-        between = probe[pos_probe:at]
-        if not full.startswith(between, pos_full):
-            raise ChatError(
-                f"{where}: the chat template writes the text around this message differently "
-                "depending on its content, so the turn cannot be attributed"
-            )
-        start = pos_full + len(between)
-        content = messages[i]["content"]
-        if not full.startswith(content, start):
-            content = content.strip()
-            if not full.startswith(content, start):
-                raise ChatError(
-                    f"{where}: the chat template changes the content (it is not written "
-                    "verbatim), so its tokens cannot be attributed"
-                )
-        out[i] = (start, start + len(content))
-        pos_probe, pos_full = at + len(marker), start + len(content)
-    if probe[pos_probe:] != full[pos_full:]:
-        raise ChatError(
+    try:
+        ranges = place(cut(probe, indices), [messages[i]["content"] for i in indices], full)
+    except Misplaced as bad:
+        raise ChatError(_misplaced(bad, messages, indices)) from None
+    return dict(zip(indices, ranges))
+
+
+_WHY = {
+    "marker": "the chat template does not write the content exactly once",
+    "around": "the chat template writes the text around this message differently depending on "
+    "its content, so the turn cannot be attributed",
+    "content": "the chat template changes the content (it is not written verbatim), so its "
+    "tokens cannot be attributed",
+}
+
+
+def _misplaced(bad: Misplaced, messages: Sequence[dict[str, Any]], indices: list[int]) -> str:
+    if bad.k >= len(indices):
+        return (
             "the chat template writes the end of the conversation differently depending on the "
             "contents, so the turns cannot be attributed"
         )
-    return out
+    i = indices[bad.k]
+    return f"message {i} ({messages[i]['role']}): {_WHY[bad.why]}"
 
 
 def _close(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int) -> str:

@@ -76,20 +76,10 @@ class Skeleton:
     def place(self, messages: Sequence[dict[str, Any]], full: str) -> list[tuple[int, int]] | None:
         """Each message's content range ``[start, end)`` in ``full``, the real rendering, when
         it is exactly this skeleton with the contents put back; None otherwise."""
-        out: list[tuple[int, int]] = []
-        pos = 0
-        for piece, message in zip(self.pieces, messages):
-            if not full.startswith(piece, pos):
-                return None
-            start = pos + len(piece)
-            content = message["content"]
-            if not full.startswith(content, start):
-                content = content.strip()
-                if not full.startswith(content, start):
-                    return None
-            pos = start + len(content)
-            out.append((start, pos))
-        return out if full[pos:] == self.pieces[-1] else None
+        try:
+            return place(self.pieces, [m["content"] for m in messages], full)
+        except Misplaced:
+            return None
 
 
 class Skeletons:
@@ -128,18 +118,59 @@ def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str |
 
 
 def _build(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
-    shape = [{**m, "content": marker(j)} for j, m in enumerate(messages)]
-    probe = _render(template, shape)
+    probe = _render(template, [{**m, "content": marker(j)} for j, m in enumerate(messages)])
     if probe is None:
         return None
+    try:
+        return Skeleton(template, messages, cut(probe, range(len(messages))))
+    except Misplaced:
+        return None
+
+
+class Misplaced(Exception):
+    """A rendering that does not fit its marker rendering: ``k`` is the position (in the
+    attributed messages) where it stops fitting, ``why`` one of ``marker`` (the template does
+    not write that content exactly once, in order), ``around`` (the text before it differs),
+    ``content`` (the content is not written verbatim or stripped) and ``end`` (the text after
+    the last content differs)."""
+
+    def __init__(self, k: int, why: str) -> None:
+        super().__init__(k, why)
+        self.k, self.why = k, why
+
+
+def cut(probe: str, ids: Sequence[int]) -> list[str]:
+    """``probe``, a rendering with the contents of messages ``ids`` replaced by their markers,
+    cut at the markers: ``len(ids) + 1`` pieces (raises :class:`Misplaced`)."""
     pieces, pos = [], 0
-    for j in range(len(messages)):
-        at = probe.find(marker(j), pos)
-        if at < 0 or probe.find(marker(j), at + 1) >= 0:
-            return None
+    for k, i in enumerate(ids):
+        at = probe.find(marker(i), pos)
+        if at < 0 or probe.find(marker(i), at + 1) >= 0:
+            raise Misplaced(k, "marker")
         pieces.append(probe[pos:at])
-        pos = at + len(marker(j))
+        pos = at + len(marker(i))
     pieces.append(probe[pos:])
-    if any(MARKER in p for p in pieces):
-        return None  # contents written out of order, or a marker written twice
-    return Skeleton(template, messages, pieces)
+    if any(MARKER in piece for piece in pieces):
+        raise Misplaced(len(ids), "marker")  # a marker written out of order
+    return pieces
+
+
+def place(pieces: Sequence[str], contents: Sequence[str], full: str) -> list[tuple[int, int]]:
+    """The range ``[start, end)`` of each of ``contents`` in ``full`` when ``full`` is exactly
+    ``pieces`` with the contents put between them, each verbatim or stripped of surrounding
+    whitespace (for templates that ``trim``); raises :class:`Misplaced`."""
+    out: list[tuple[int, int]] = []
+    pos = 0
+    for k, (piece, content) in enumerate(zip(pieces, contents)):
+        if not full.startswith(piece, pos):
+            raise Misplaced(k, "around")
+        start = pos + len(piece)
+        if not full.startswith(content, start):
+            content = content.strip()
+            if not full.startswith(content, start):
+                raise Misplaced(k, "content")
+        pos = start + len(content)
+        out.append((start, pos))
+    if full[pos:] != pieces[-1]:
+        raise Misplaced(len(contents), "end")
+    return out
