@@ -1,4 +1,4 @@
-"""Chat skeletons: one rendering per conversation, the same layout as without them.
+"""Chat skeletons: conversations laid out without rendering, the same layout as without them.
 
 The skeleton of a conversation shape (:mod:`zephon_server.engine.chat_skeleton`) replaces the
 marker renderings of :func:`layout_chat`; these tests pin that it changes nothing but the
@@ -69,7 +69,7 @@ def qwen3_template() -> Counting:
 
 @pytest.mark.parametrize("name", ["chatml", "headers", "inst", "qwen3"])
 @pytest.mark.parametrize("train_on", ["assistant", "last_assistant", "all"])
-def test_skeletons_give_the_same_layouts_with_one_rendering_each(name, train_on):
+def test_skeletons_give_the_same_layouts_without_rendering(name, train_on):
     tpl = (
         qwen3_template()
         if name == "qwen3"
@@ -86,7 +86,11 @@ def test_skeletons_give_the_same_layouts_with_one_rendering_each(name, train_on)
     errors = {x for x in plain if isinstance(x, str)}
     assert all("raise" in e or "alternate" in e for e in errors), errors
     assert bool(errors) == (name == "inst")  # [INST] refuses the generated system prompts
-    assert tpl.renders == len(convs)  # one rendering per conversation once shapes are known
+    # Once shapes are known, a conversation is rendered only when its contents answer the
+    # template's questions differently from the markers (the padded turn that "headers" trims)
+    # or its shape has no skeleton ([INST] refusing a system prompt renders to say so).
+    failed = sum(isinstance(x, str) for x in plain)
+    assert tpl.renders == {"chatml": 0, "qwen3": 0, "headers": 1, "inst": failed}[name]
 
 
 def test_a_template_that_branches_on_contents_falls_back_to_its_own_renderings():

@@ -27,9 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_skeleton import MARKER, Misplaced, Skeletons, cut, place
-from .chat_skeleton import marker as _marker
+from .chat_skeleton import Misplaced, Skeletons, cut, place
 from .chat_template import ChatTemplate, ChatTemplateError
+from .chat_trace import MARKER
+from .chat_trace import marker as _marker
 
 #: Which messages are trained: every assistant turn, the last one, or every turn.
 TRAIN_ON = ("assistant", "last_assistant", "all")
@@ -151,13 +152,19 @@ def layout_chat(
     """Render ``messages`` and find the trained character ranges (module docstring).
 
     With ``skeletons`` (:mod:`.chat_skeleton`), a conversation whose rendering is its shape's
-    skeleton with the contents put back takes one rendering instead of two or more."""
-    full = _render(template, messages)
+    skeleton with the contents put back takes one rendering instead of two or more, and none
+    when its contents answer the template's questions as the shape's markers did."""
+    skeleton = skeletons.get(messages) if skeletons is not None else None
+    filled = skeleton.fill(messages) if skeleton is not None else None
+    placed: list[tuple[int, int]] | None
+    if filled is not None:
+        full, placed = filled
+    else:
+        full = _render(template, messages)
+        placed = skeleton.place(messages, full) if skeleton is not None else None
     if MARKER in full:
         raise ChatError("the conversation contains Zephon's private content marker")
     indices = trained_indices(messages, train_on)
-    skeleton = skeletons.get(messages) if skeletons is not None else None
-    placed = skeleton.place(messages, full) if skeleton is not None else None
     if skeleton is not None and placed is not None:
         tails = {i: skeleton.close(i) for i in indices if i != len(messages) - 1}
         closes = {i: tail for i, tail in tails.items() if tail is not None}

@@ -11,9 +11,12 @@ trained turn, what the template writes after a turn that closes the conversation
 The cache never decides what is trained on its own. A conversation's real rendering must be
 exactly its skeleton with the contents put back (verbatim, or stripped for templates that
 ``trim``); when it is not (a template that branches on contents, rewrites one, or drops one),
-:func:`layout_chat` falls back to rendering this conversation's own markers. The skeleton of a
-shape depends only on the shape, so which conversation met a shape first never changes a
-result, on any runner or worker.
+:func:`layout_chat` falls back to rendering this conversation's own markers. A skeleton also
+keeps the questions its template asks of the contents (:mod:`.chat_trace`), when a traced
+rendering could follow them: a conversation whose contents answer them as the markers did
+renders as the skeleton with its contents in place, and :meth:`Skeleton.fill` writes that
+without rendering. The skeleton of a shape depends only on the shape, so which conversation
+met a shape first never changes a result, on any runner or worker.
 """
 
 from __future__ import annotations
@@ -24,20 +27,15 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from . import chat_budget
 from .chat_template import ChatTemplate, ChatTemplateError
+from .chat_trace import MARKER, Check, Tracer, holds, marker
 
 #: Shapes kept per operator (least recently used ones go first).
 MAX_SHAPES = 4096
 #: Largest shape kept, in characters of its roles and non-content fields: a shape carrying long
 #: fields (``reasoning_content``, big ``tool_calls``) or hundreds of turns is rarely met twice.
 MAX_SHAPE_CHARS = 4096
-#: Stands in for a message's content (private-use characters no data contains).
-MARKER = "\ue000zephon-content\ue001"
-
-
-def marker(i: int) -> str:
-    """The marker standing in for message ``i``'s content."""
-    return f"{MARKER}{i}\ue002"
 
 
 def shape_of(messages: Sequence[dict[str, Any]]) -> tuple[str, ...]:
@@ -57,11 +55,16 @@ class Skeleton:
     last content."""
 
     def __init__(
-        self, template: ChatTemplate, messages: Sequence[dict[str, Any]], pieces: list[str]
+        self,
+        template: ChatTemplate,
+        messages: Sequence[dict[str, Any]],
+        pieces: list[str],
+        checks: tuple[Check, ...] | None = None,
     ) -> None:
         self._template = template
         self._shape = [{**m, "content": marker(j)} for j, m in enumerate(messages)]
         self.pieces = tuple(pieces)
+        self.checks = checks  # None: every conversation of the shape is rendered
         self._closes: dict[int, str | None] = {}
 
     def close(self, i: int) -> str | None:
@@ -72,6 +75,31 @@ class Skeleton:
             at = -1 if probe is None else probe.find(marker(i))
             self._closes[i] = None if probe is None or at < 0 else probe[at + len(marker(i)) :]
         return self._closes[i]
+
+    def fill(self, messages: Sequence[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]] | None:
+        """The rendering of ``messages`` and each content's range ``[start, end)`` in it,
+        written without rendering when their contents answer the template's questions as the
+        markers did (:mod:`.chat_trace`); None when they do not, or the shape has no checks
+        (then the conversation is rendered)."""
+        checks = self.checks
+        contents = [m["content"] for m in messages]
+        if checks is None or not holds(checks, contents):
+            return None
+        parts: list[str] = []
+        ranges: list[tuple[int, int]] = []
+        pos = 0
+        for piece, content in zip(self.pieces, contents):
+            pos += len(piece)
+            parts += (piece, content)
+            ranges.append((pos, pos + len(content)))
+            pos += len(content)
+        parts.append(self.pieces[-1])
+        full = "".join(parts)
+        if len(full) > chat_budget.OUTPUT_BASE and (
+            len(full) > chat_budget.RenderBudget(messages).output_limit()
+        ):
+            return None  # over the output budget: the rendering fails, with its error
+        return full, ranges
 
     def place(self, messages: Sequence[dict[str, Any]], full: str) -> list[tuple[int, int]] | None:
         """Each message's content range ``[start, end)`` in ``full``, the real rendering, when
@@ -88,6 +116,7 @@ class Skeletons:
 
     def __init__(self, template: ChatTemplate, max_shapes: int = MAX_SHAPES) -> None:
         self._template = template
+        self._tracer = Tracer(template)
         self._max = max_shapes
         self._cache: OrderedDict[tuple[str, ...], Skeleton | None] = OrderedDict()
         self._lock = threading.Lock()  # the threads runner's workers share one operator
@@ -100,7 +129,7 @@ class Skeletons:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        skeleton = _build(self._template, messages)  # the same for every caller: no lock held
+        skeleton = _build(self._template, self._tracer, messages)  # the same for every caller
         if sum(len(part) for part in key) > MAX_SHAPE_CHARS:
             return skeleton  # too big to keep (see MAX_SHAPE_CHARS)
         with self._lock:
@@ -117,14 +146,17 @@ def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str |
         return None  # the template refuses markers here: no skeleton, the slow path decides
 
 
-def _build(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
+def _build(
+    template: ChatTemplate, tracer: Tracer, messages: Sequence[dict[str, Any]]
+) -> Skeleton | None:
     probe = _render(template, [{**m, "content": marker(j)} for j, m in enumerate(messages)])
     if probe is None:
         return None
     try:
-        return Skeleton(template, messages, cut(probe, range(len(messages))))
+        pieces = cut(probe, range(len(messages)))
     except Misplaced:
         return None
+    return Skeleton(template, messages, pieces, tracer.checks(messages, probe))
 
 
 class Misplaced(Exception):

@@ -232,7 +232,7 @@ _LOOP_ATTRIBUTES = frozenset(
 
 
 @functools.cache
-def _environment_class() -> type:
+def environment_class() -> type:
     """The immutable sandbox with a fast path for reading a key of a plain dict.
 
     Messages are plain dicts parsed from JSON, and templates read ``message.role`` or
@@ -250,6 +250,16 @@ def _environment_class() -> type:
 
     class ChatEnvironment(ImmutableSandboxedEnvironment):
         intercepted_binops = chat_budget.BOUNDED_BINOPS
+
+        def __init__(self, **options: Any) -> None:
+            from jinja2.ext import loopcontrols
+
+            super().__init__(
+                trim_blocks=True,
+                lstrip_blocks=True,
+                extensions=[loopcontrols, _generation_extension()],
+                **options,
+            )
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             return chat_budget.bounded_binop(context, operator, left, right)
@@ -286,37 +296,37 @@ class ChatTemplate:
     """
 
     def __init__(self, source: TemplateSource, *, date: datetime.date) -> None:
-        from jinja2 import TemplateSyntaxError
-        from jinja2.ext import loopcontrols
-
         self.source = source
         self.date = date
-        env = _environment_class()(
-            trim_blocks=True,
-            lstrip_blocks=True,
-            extensions=[loopcontrols, _generation_extension()],
-        )
+        self._template, self._scope = self.compile(environment_class()())
+
+    def compile(self, env: Any) -> tuple[Any, dict[str, Any]]:
+        """This template compiled in ``env`` (of :func:`environment_class` or a subclass, such as
+        :mod:`.chat_trace`'s), and the scope every render starts from."""
+        from jinja2 import TemplateSyntaxError
+
         env.filters["tojson"] = _tojson
-        moment = datetime.datetime(date.year, date.month, date.day)
+        moment = datetime.datetime(self.date.year, self.date.month, self.date.day)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = moment.strftime
         try:
-            self._template = env.from_string(chat_budget.instrument(env, env.parse(source.text)))
+            template = env.from_string(chat_budget.instrument(env, env.parse(self.source.text)))
         except TemplateSyntaxError as exc:
             raise ConfigError(
-                f"chat template from {source.origin}: syntax error at line {exc.lineno}: "
+                f"chat template from {self.source.origin}: syntax error at line {exc.lineno}: "
                 f"{exc.message}"
             ) from exc
         # Everything a render sees but the messages, globals included: rendering into a context
         # built on a copy of this (a "shared" context) skips Jinja's per-call merge of the
         # environment's globals, the largest fixed cost of rendering a short conversation.
-        self._scope: dict[str, Any] = {
-            **self._template.globals,
-            **source.special_tokens,
+        scope: dict[str, Any] = {
+            **template.globals,
+            **self.source.special_tokens,
             "tools": None,
             "documents": None,
             "add_generation_prompt": False,
         }
+        return template, scope
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The template's text for ``messages`` (training: no generation prompt).

@@ -1,0 +1,330 @@
+"""Traced renderings: which conversations of a shape render as its skeleton, without rendering.
+
+A shape's skeleton (:mod:`.chat_skeleton`) is its rendering with markers in place of the
+contents. Whether a conversation of that shape renders as the skeleton with its contents put
+back depends only on what the template *does* with the contents. A traced rendering of the
+shape finds out, once per shape: each content is an :class:`Opaque` value that
+
+* is written out (``{{ content }}``) as its marker, alone or joined with text by ``+``
+  (:class:`Joined`);
+* answers questions (``'</think>' in content``, ``content == ''``, ``if content``,
+  ``content.startswith(...)``, ``content is string`` and every other test) as its marker
+  does, and each question and answer is recorded;
+* can be stripped (``content.strip()``, ``content.lstrip('\\n')``, ``| trim``) when that leaves
+  the marker as it is: recorded as the question "does stripping leave it as it is?";
+
+and can do nothing else. Anything else (``~``, ``| length``, ``split``, another filter,
+formatting, hashing, iterating, indexing, a marker written out through a ``{% set %}`` block,
+a ``{% filter %}`` block or a macro's output) ends the trace: the shape then has no checks,
+and each of its conversations is rendered (the fallback of :func:`.chat_layout.layout_chat`).
+
+The template's path through a conversation of the shape is then a function of the recorded
+answers alone, and the contents reach the output only where the markers are, verbatim. A
+conversation whose contents give every recorded answer (:func:`holds`) renders exactly as
+the skeleton with its contents in place; one that does not is rendered.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import chat_budget
+from .chat_template import ChatTemplate, environment_class
+
+#: Stands in for a message's content (private-use characters no data contains).
+MARKER = "\ue000zephon-content\ue001"
+
+
+def marker(i: int) -> str:
+    """The marker standing in for message ``i``'s content (a new string on every call)."""
+    return f"{MARKER}{i}\ue002"
+
+
+#: One recorded question: (message index, question, its arguments, the answer to expect).
+Check = tuple[int, Callable[..., Any], tuple[Any, ...], Any]
+
+
+class NotTraceable(Exception):
+    """The template did something with a content that a trace cannot follow."""
+
+
+def _keeps_strip(s: str, *chars: Any) -> bool:
+    return s.strip(*chars) == s
+
+
+def _keeps_lstrip(s: str, *chars: Any) -> bool:
+    return s.lstrip(*chars) == s
+
+
+def _keeps_rstrip(s: str, *chars: Any) -> bool:
+    return s.rstrip(*chars) == s
+
+
+#: Content methods a trace follows: questions, and strips that must leave the content as is.
+_QUESTIONS: dict[str, Callable[..., Any]] = {
+    "startswith": str.startswith,
+    "endswith": str.endswith,
+}
+_STRIPS: dict[str, Callable[..., bool]] = {
+    "strip": _keeps_strip,
+    "lstrip": _keeps_lstrip,
+    "rstrip": _keeps_rstrip,
+}
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` may be an argument of a recorded question (no content in it)."""
+    kind = type(value)
+    if kind is tuple:
+        return all(_plain(v) for v in value)
+    return kind in _PLAIN
+
+
+class _Trace:
+    """What one traced rendering recorded: its checks, and the texts it wrote for contents."""
+
+    def __init__(self, markers: Sequence[str]) -> None:
+        self.markers = markers
+        self.checks: list[Check] = []
+        self.written: dict[int, str] = {}  # id -> text: kept alive, so ids stay unique
+
+    def ask(self, i: int, question: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """The answer of content ``i``'s marker to ``question(content, *args)``, recorded."""
+        if not all(_plain(a) for a in args):
+            raise NotTraceable("a content compared with another content")
+        try:
+            answer = question(self.markers[i], *args)
+        except Exception as exc:
+            raise NotTraceable(f"a question a content cannot answer: {exc}") from None
+        if type(answer) is not bool:
+            raise NotTraceable("a question whose answer is not true or false")
+        self.checks.append((i, question, args, answer))
+        return answer
+
+    def strip(self, value: Opaque, keeps: Callable[..., bool], args: tuple[Any, ...]) -> Opaque:
+        """``value`` stripped: itself, recorded as "stripping keeps it" (which must hold for
+        the marker)."""
+        if not self.ask(value.index, keeps, args):
+            raise NotTraceable("a strip that changes the marker")
+        return value
+
+    def write(self, text: str) -> str:
+        self.written[id(text)] = text
+        return text
+
+
+class Opaque:
+    """A content in a traced rendering (see the module docstring)."""
+
+    __slots__ = ("index", "trace")
+    __hash__ = None  # type: ignore[assignment]  # a hash would read the content
+
+    def __init__(self, index: int, trace: _Trace) -> None:
+        self.index = index
+        self.trace = trace
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.trace.ask(self.index, operator.eq, (other,)))
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __bool__(self) -> bool:
+        return bool(self.trace.ask(self.index, operator.truth, ()))
+
+    def __contains__(self, item: object) -> bool:
+        return bool(self.trace.ask(self.index, operator.contains, (item,)))
+
+    def __add__(self, other: object) -> Joined:
+        return Joined.of(self, other)
+
+    def __radd__(self, other: object) -> Joined:
+        return Joined.of(other, self)
+
+    def __str__(self) -> str:
+        raise NotTraceable("a content turned into text other than by writing it out")
+
+    __repr__ = __format__ = __str__  # type: ignore[assignment]
+
+    def text(self) -> str:
+        return marker(self.index)  # a new string each time: its identity is checked later
+
+
+class Joined:
+    """Text and contents joined by ``+`` (written out as the texts and markers)."""
+
+    __slots__ = ("parts",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, parts: tuple[str | Opaque, ...]) -> None:
+        self.parts = parts
+
+    @staticmethod
+    def of(left: object, right: object) -> Joined:
+        return Joined((*_parts(left), *_parts(right)))
+
+    def __add__(self, other: object) -> Joined:
+        return Joined.of(self, other)
+
+    def __radd__(self, other: object) -> Joined:
+        return Joined.of(other, self)
+
+    def _refuse(self, *_: object) -> Any:
+        raise NotTraceable("text joined with a content used other than by writing it out")
+
+    __str__ = __repr__ = __format__ = __bool__ = __eq__ = __ne__ = __contains__ = _refuse  # type: ignore[assignment]
+
+    def text(self) -> str:
+        return "".join(p if isinstance(p, str) else p.text() for p in self.parts)
+
+
+def _parts(value: object) -> tuple[str | Opaque, ...]:
+    if isinstance(value, Opaque):
+        return (value,)
+    if isinstance(value, Joined):
+        return value.parts
+    if type(value) is str and MARKER not in value:
+        return (value,)
+    raise NotTraceable("a content joined with something other than text (or a marker in it)")
+
+
+def _finalize(value: Any) -> Any:
+    """What ``{{ value }}`` writes: a content's marker (recorded as written), else the value;
+    a plain text holding a marker went through a block or a macro, which a trace cannot
+    follow."""
+    kind = type(value)
+    if kind is Opaque or kind is Joined:
+        trace = value.trace if kind is Opaque else _trace_of(value)
+        return trace.write(value.text())
+    if kind is str and MARKER in value:
+        raise NotTraceable("a content written out through a block or a macro")
+    return value
+
+
+def _trace_of(joined: Joined) -> _Trace:
+    return next(p.trace for p in joined.parts if isinstance(p, Opaque))
+
+
+def _contents(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return any(type(v) in (Opaque, Joined) for v in (*args, *kwargs.values()))
+
+
+def _traced_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A filter that refuses contents, but ``trim`` (a strip that must keep the content)."""
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        if not _contents(args, kwargs):
+            return fn(*args, **kwargs)
+        value = args[0] if args else None
+        if name == "trim" and type(value) is Opaque and not kwargs and _plain(args[1:]):
+            return value.trace.strip(value, _keeps_strip, args[1:])
+        raise NotTraceable(f"a content passed to the filter {name!r}")
+
+    return traced
+
+
+def _traced_test(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A test whose answer on a content is recorded (a test is a pure question)."""
+    passes = getattr(fn, "jinja_pass_arg", None) is not None
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        if not _contents(args, kwargs):
+            return fn(*args, **kwargs)
+        value = args[0]
+        if passes or kwargs or type(value) is not Opaque:
+            raise NotTraceable("a content in a test a trace cannot ask")
+        return value.trace.ask(value.index, fn, args[1:])
+
+    return traced
+
+
+@functools.cache
+def _environment_class() -> type:
+    base = environment_class()
+
+    class TraceEnvironment(base):  # type: ignore[valid-type,misc]
+        """The chat environment, following contents (:class:`Opaque`) instead of reading them."""
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            kind = type(obj)
+            if kind is Opaque:
+                if attribute in _QUESTIONS:
+                    question = _QUESTIONS[attribute]
+                    return lambda *args: obj.trace.ask(obj.index, question, args)
+                if attribute in _STRIPS:
+                    keeps = _STRIPS[attribute]
+                    return lambda *args: obj.trace.strip(obj, keeps, args)
+                raise NotTraceable(f"content.{attribute}")
+            if kind is Joined:
+                raise NotTraceable(f"(text + content).{attribute}")
+            return super().getattr(obj, attribute)
+
+        def getitem(self, obj: Any, argument: Any) -> Any:
+            if type(obj) in (Opaque, Joined):
+                raise NotTraceable("a content indexed or sliced")
+            return super().getitem(obj, argument)
+
+    return TraceEnvironment
+
+
+class Tracer:
+    """Traced renderings of one chat template, compiled once in the tracing environment."""
+
+    def __init__(self, template: ChatTemplate) -> None:
+        self._lock = threading.Lock()
+        self._template = template
+        self._compiled: tuple[Any, dict[str, Any]] | None = None
+
+    def _compile(self) -> tuple[Any, dict[str, Any]]:
+        with self._lock:
+            if self._compiled is None:
+                env = _environment_class()(finalize=_finalize)
+                env.filters = {
+                    name: fn if " " in name else _traced_filter(name, fn)  # budget filters
+                    for name, fn in env.filters.items()
+                }
+                env.tests = {name: _traced_test(fn) for name, fn in env.tests.items()}
+                self._compiled = self._template.compile(env)
+            return self._compiled
+
+    def checks(self, messages: Sequence[dict[str, Any]], probe: str) -> tuple[Check, ...] | None:
+        """The questions the template asks of ``messages``' contents, when a traced rendering
+        of their shape writes exactly ``probe`` (the rendering with every content replaced by
+        its marker); None when the template does what a trace cannot follow."""
+        if MARKER in self._template.source.text:
+            return None
+        template, scope = self._compile()
+        trace = _Trace([marker(i) for i in range(len(messages))])
+        traced = [{**m, "content": Opaque(i, trace)} for i, m in enumerate(messages)]
+        scope = scope.copy()
+        scope["messages"] = traced
+        scope[chat_budget.BUDGET_KEY] = chat_budget.RenderBudget(traced)
+        pieces, size = [], 0
+        try:
+            for piece in template.root_render_func(template.new_context(scope, shared=True)):
+                if MARKER in piece and trace.written.get(id(piece)) is not piece:
+                    return None  # a marker written other than by {{ }} at the top level
+                pieces.append(piece)
+                size += len(piece)
+                if size > len(probe):
+                    return None
+        except Exception:  # NotTraceable, or the template fails on markers: not traceable
+            return None
+        if "".join(pieces) != probe:
+            return None
+        return tuple(dict.fromkeys(trace.checks))  # each question once, in order
+
+
+def holds(checks: Sequence[Check], contents: Sequence[str]) -> bool:
+    """Whether ``contents`` give every recorded answer."""
+    try:
+        return all(question(contents[i], *args) == answer for i, question, args, answer in checks)
+    except Exception:
+        return False

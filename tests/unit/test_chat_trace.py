@@ -1,0 +1,201 @@
+"""Traced renderings: a conversation is laid out without rendering only when that is exact.
+
+:mod:`zephon_server.engine.chat_trace` records the questions a template asks of a shape's
+contents; a conversation whose contents answer them as the markers did is written from the
+skeleton instead of rendered. These tests pin that this never changes a layout, on templates
+that ask questions (and contents that answer them differently), and that a template doing
+anything else with a content is not traced at all.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.chat_helpers import CHATML
+from zephon_server.engine.chat_layout import ChatError, layout_chat
+from zephon_server.engine.chat_skeleton import Skeletons
+from zephon_server.engine.chat_template import ChatTemplate, TemplateSource, find_template
+from zephon_server.engine.chat_trace import MARKER, Tracer, holds, marker
+
+DAY = datetime.date(2025, 1, 1)
+QWEN3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3" / "tokenizer.json"
+LOOP = "{% for m in messages %}<{{ m.role }}>BODY</{{ m.role }}>\n{% endfor %}"
+
+#: Templates that ask questions of the contents (traced: each has checks).
+ASKING = {
+    "equals": "{% if m.content == '' %}(empty){% endif %}{{ m.content }}",
+    "contains": "{% if 'secret' in m.content %}[hidden]{% endif %}{{ m.content }}",
+    "truth": "{% if m.content %}{{ m.content }}{% else %}(none){% endif %}",
+    "startswith": "{% if m.content.startswith('!') %}[loud]{% endif %}{{ m.content }}",
+    "test": "{% if m.content is string and m.content is not none %}{{ m.content }}{% endif %}",
+    "strip": "{{ m.content.strip() }}",
+    "lstrip": "{{ m.content.lstrip('\\n') }}",
+    "trim": "{{ m.content | trim }}",
+    "joined": "{{ '[' + m.content + ']' }}",
+    "in-list": "{% if m.content in ['a', 'b'] %}(ab){% endif %}{{ m.content }}",
+}
+#: Templates that use a content in a way a trace cannot follow (never traced).
+OPAQUE = {
+    "tilde": "{{ m.content ~ '' }}",
+    "upper": "{{ m.content | upper }}",
+    "length": "{% if m.content | length > 3 %}(long){% endif %}{{ m.content }}",
+    "index": "{{ m.content[0] }}{{ m.content }}",
+    "split": "{{ m.content.split('x')[0] }}",
+    "method": "{{ m.content.upper() }}",
+    "filter-block": "{% filter upper %}{{ m.content }}{% endfilter %}",
+    "set-block": "{% set c %}{{ m.content }}{% endset %}{{ c | replace('e', 'E') }}",
+    "set-block-joined": "{% set c %}{{ m.content }}{% endset %}{{ c + '' }}",
+    "macro": "{% macro w(x) %}{{ x | replace('e', 'E') }}{% endmacro %}{{ w(m.content) }}",
+    "tojson": "{{ m.content | tojson }}",
+    "message-tojson": "{{ m | tojson }}",
+    "iterate": "{% for ch in m.content %}{{ ch }}{% endfor %}",
+    "format": "{{ '%s' | format(m.content) }}",
+    "percent": "{{ '%.2s' % m.content }}",
+    "repeat": "{{ m.content * 2 }}",
+    "joined-filter": "{{ ('[' + m.content) | trim }}",
+    "compare-contents": "{% if m.content == messages[0].content %}(same){% endif %}{{ m.content }}",
+    "strip-marker": "{{ m.content.strip('\\ue000') }}",
+}
+#: Contents that answer the questions above differently from a marker.
+CONTENTS = [
+    "plain words",
+    "",
+    "  padded  ",
+    "\nleading newline",
+    "trailing\n",
+    "a",
+    "!loud",
+    "the secret is out",
+    "has </think> inside",
+    "ünïcödé ✓ 是",
+    "eee",
+]
+
+
+def template(body: str) -> ChatTemplate:
+    return ChatTemplate(TemplateSource(LOOP.replace("BODY", body), "test"), date=DAY)
+
+
+def conversations() -> list[list[dict[str, Any]]]:
+    pairs = itertools.product(CONTENTS, CONTENTS[:6])
+    convs = [
+        [{"role": "user", "content": u}, {"role": "assistant", "content": a}] for u, a in pairs
+    ]
+    convs += [
+        [
+            {"role": "system", "content": s},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": a},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": b},
+        ]
+        for s, a, b in zip(CONTENTS, reversed(CONTENTS), CONTENTS[3:] + CONTENTS[:3])
+    ]
+    return convs
+
+
+def outcome(tpl: ChatTemplate, messages: list[dict[str, Any]], sk: Skeletons | None) -> Any:
+    try:
+        return layout_chat(tpl, messages, "all", sk)
+    except ChatError as exc:
+        return f"ChatError: {exc}"
+
+
+class Counting(ChatTemplate):
+    renders = 0
+
+    def render(self, messages: Any) -> str:
+        self.renders += 1
+        return super().render(messages)
+
+
+@pytest.mark.parametrize("name", sorted(ASKING))
+def test_a_template_asking_questions_is_traced_and_laid_out_exactly(name):
+    tpl = Counting(TemplateSource(LOOP.replace("BODY", ASKING[name]), "test"), date=DAY)
+    convs = conversations()
+    plain = [outcome(tpl, m, None) for m in convs]
+    skeletons = Skeletons(tpl)
+    for m in convs:
+        skeletons.get(m)
+    assert all(skeletons.get(m).checks is not None for m in convs)
+    tpl.renders = 0
+    assert [outcome(tpl, m, skeletons) for m in convs] == plain
+    # Only conversations answering a question differently from the markers were rendered.
+    differ = [m for m in convs if not holds(skeletons.get(m).checks, [x["content"] for x in m])]
+    assert tpl.renders >= len(differ)
+    assert tpl.renders < len(convs)
+    if name not in ("joined", "test"):  # joining asks nothing; every content is a string
+        assert differ
+
+
+@pytest.mark.parametrize("name", sorted(OPAQUE))
+def test_a_template_doing_anything_else_with_a_content_is_not_traced(name):
+    tpl = template(OPAQUE[name])
+    convs = conversations()
+    skeletons = Skeletons(tpl)
+    for m in convs:
+        sk = skeletons.get(m)
+        assert sk is None or sk.checks is None
+    assert [outcome(tpl, m, skeletons) for m in convs] == [outcome(tpl, m, None) for m in convs]
+
+
+def test_checks_record_each_question_once_with_the_markers_answer():
+    tpl = template(ASKING["startswith"] + ASKING["contains"] + ASKING["lstrip"])
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    probe = tpl.render([{**m, "content": marker(i)} for i, m in enumerate(messages)])
+    checks = Tracer(tpl).checks(messages, probe)
+    assert checks is not None
+    assert [(i, args, answer) for i, _, args, answer in checks] == [
+        (0, ("!",), False),
+        (0, ("secret",), False),
+        (0, ("\n",), True),
+        (1, ("!",), False),
+        (1, ("secret",), False),
+        (1, ("\n",), True),
+    ]
+    assert holds(checks, ["x", "y"]) and not holds(checks, ["x", "!y"])
+    assert not holds(checks, ["\nx", "y"])
+    # A probe the traced rendering does not write (another template's) gives no checks.
+    assert Tracer(tpl).checks(messages, probe + "!") is None
+
+
+def test_the_real_qwen3_template_is_traced_and_its_reasoning_turns_are_rendered():
+    if not QWEN3.exists():
+        pytest.fail(f"{QWEN3} is missing: run `make tokenizers` (`make test` does)")
+    tpl = Counting(find_template(str(QWEN3), None), date=DAY)
+    convs = conversations()
+    plain = [outcome(tpl, m, None) for m in convs]
+    skeletons = Skeletons(tpl)
+    for m in convs:
+        assert skeletons.get(m) is not None and skeletons.get(m).checks is not None
+    tpl.renders = 0
+    assert [outcome(tpl, m, skeletons) for m in convs] == plain
+    thinking = [m for m in convs if any("</think>" in x["content"] for x in m[1:])]
+    assert thinking and tpl.renders >= len(thinking)  # '</think>' in content: rendered
+    assert tpl.renders < len(convs) // 2
+
+
+def test_a_content_with_the_marker_is_refused_on_both_paths():
+    tpl = template("{{ m.content }}")
+    skeletons = Skeletons(tpl)
+    bad = [{"role": "user", "content": f"x{MARKER}"}, {"role": "assistant", "content": "y"}]
+    skeletons.get([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    assert outcome(tpl, bad, skeletons) == outcome(tpl, bad, None)
+    assert "private content marker" in outcome(tpl, bad, skeletons)
+
+
+def test_chatml_conversations_are_filled_from_the_skeleton():
+    tpl = Counting(TemplateSource(CHATML, "test"), date=DAY)
+    skeletons = Skeletons(tpl)
+    convs = conversations()
+    for m in convs:  # each shape's skeleton, and how its turns close, learned once
+        layout_chat(tpl, m, "assistant", skeletons)
+    tpl.renders = 0
+    layouts = [layout_chat(tpl, m, "assistant", skeletons) for m in convs]
+    assert tpl.renders == 0
+    assert layouts == [layout_chat(tpl, m, "assistant", None) for m in convs]
