@@ -34,8 +34,9 @@ from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
 from zephon_server.engine.errors import ConfigError, DataError
-from zephon_server.engine.ops.render_chat import RenderChat, token_mask
+from zephon_server.engine.ops.render_chat import RenderChat
 from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
+from zephon_server.engine.token_masks import token_mask
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -507,7 +508,7 @@ def test_byte_offsets_from_token_lengths_equal_the_tokenizers_offsets(tok_dirs):
     from zephon_server.engine.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tok_dirs["chatml"])
-    assert tok._byte_lengths is not None  # the fast path is taken
+    assert tok.byte_lengths is not None  # the fast path is taken
     op = RenderChat(tokenizer=tok_dirs["chatml"])
     texts = [op.chat_template.render(c["messages"]) for c in generate_conversations(30, seed=6)]
     texts += [
@@ -539,7 +540,7 @@ def test_tokenizer_offsets_are_used_when_lengths_do_not_tile_the_text(tmp_path):
     chat_tokenizer(directory)
     tok.save(str(directory / "tokenizer.json"))
     op = RenderChat(tokenizer=str(directory / "tokenizer.json"))
-    assert op.tokenizer._byte_lengths is None
+    assert op.tokenizer.byte_lengths is None
     conv = generate_conversations(3, seed=2)[1]
     (out,) = render(op, [conv])
     runs = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])

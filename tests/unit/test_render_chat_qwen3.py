@@ -178,7 +178,7 @@ def test_offsets_from_token_lengths_and_from_the_tokenizer_agree_nfc_or_not(qwen
         {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]}
         for c in (composed, decomposed)
     ]
-    lengths = op.tokenizer._byte_lengths
+    lengths = op.tokenizer.byte_lengths
     assert lengths is not None  # Qwen3 (NFC, byte-level BPE) takes offsets from token lengths
     for conv, out in zip(convs, render(op, convs)):
         ids, mask = out.payload["input_ids"], out.payload["loss_mask"]

@@ -103,11 +103,14 @@ def char_to_byte_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.nd
 
 
 def byte_ranges(text: str, ranges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Character ranges of ``text`` as UTF-8 byte ranges."""
+    """Character ranges of ``text`` as UTF-8 byte ranges (the text encoded once, piece by
+    piece between the range ends)."""
     if text.isascii():
         return tuple(ranges)
-
-    def at(i: int) -> int:
-        return len(text[:i].encode("utf-8", "surrogatepass"))
-
-    return tuple((at(lo), at(hi)) for lo, hi in ranges)
+    at: dict[int, int] = {}
+    done = size = 0
+    for cut in sorted({i for pair in ranges for i in pair}):
+        size += len(text[done:cut].encode("utf-8", "surrogatepass"))
+        at[cut] = size
+        done = cut
+    return tuple((at[lo], at[hi]) for lo, hi in ranges)

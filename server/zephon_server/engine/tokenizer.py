@@ -51,6 +51,10 @@ class Tokenizer(Protocol):
         tokenizer adds no special tokens of its own."""
         ...
 
+    #: Bytes per id when a text's tokens are its UTF-8 bytes cut in order (offsets then
+    #: follow from the ids, see :mod:`.token_offsets`); None for other tokenizers.
+    byte_lengths: np.ndarray | None
+
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0-255; BOS=256, EOS=257, PAD=258. Needs no file and no training."""
@@ -61,6 +65,7 @@ class ByteTokenizer:
     bos_id = 256
     eos_id = 257
     pad_id = 258
+    byte_lengths: np.ndarray | None = np.ones(vocab_size, dtype=np.int64)  # tokens tile
 
     def encode_batch(
         self, texts: Sequence[str], *, prefix: Sequence[int] = (), suffix: Sequence[int] = ()
@@ -136,7 +141,7 @@ class HFTokenizer:
         # the same ids for less work (the measured gain is in docs/decisions.md).
         self._encode = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self._byte_lengths = byte_length_table(self._json, self._tok)
+        self.byte_lengths: np.ndarray | None = byte_length_table(self._json, self._tok)
         self.bos_id = self._special(bos_token, ("<s>", "<|begin_of_text|>", "[BOS]", "<bos>"))
         self.eos_id = self._special(eos_token, ("</s>", "<|endoftext|>", "[EOS]", "<eos>"))
         pad = self._special(pad_token, ("<pad>", "[PAD]", "<|pad|>"))
@@ -174,12 +179,12 @@ class HFTokenizer:
     def encode_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Offsets from token byte lengths for byte-level BPE tokenizers (no offsets to
         compute, see :mod:`.token_offsets`), else from the tokenizer's character offsets."""
-        if self._byte_lengths is None:
+        if self.byte_lengths is None:
             return self._tokenizer_offsets(texts)
         out: list[tuple[np.ndarray, np.ndarray]] = []
         for text, e in zip(texts, self._encode(list(texts), add_special_tokens=False)):
             ids = np.asarray(e.ids, dtype=_ID_DTYPE)
-            offsets = offsets_from_lengths(ids, self._byte_lengths, text)
+            offsets = offsets_from_lengths(ids, self.byte_lengths, text)
             out.append(
                 (ids, offsets) if offsets is not None else self._tokenizer_offsets([text])[0]
             )

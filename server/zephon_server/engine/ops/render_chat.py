@@ -10,8 +10,8 @@ record itself: a JSONL line (or a Parquet value holding JSON, or a list of messa
   completion``, trained on the completion, then the EOS token (trained) when
   ``completion_eos`` is on and the tokenizer has one.
 
-The rendered text is tokenized once with offsets (in UTF-8 bytes, :mod:`..token_offsets`); a
-token is trained (mask 1) when its bytes overlap a trained range. ``max_length`` keeps the
+The rendered text is tokenized once; a token is trained (mask 1) when its UTF-8 bytes overlap
+a trained range (:mod:`..token_masks`, a micro-batch at once). ``max_length`` keeps the
 first ``max_length`` tokens. Payload out: ``{"input_ids": int32, "loss_mask": uint8}``, same
 length; meta as ``tokenize`` (one span over the document's tokens; the record closes its
 document).
@@ -37,13 +37,13 @@ from ..chat_skeleton import Skeletons
 from ..chat_template import ChatTemplate, TemplateSource, find_template
 from ..errors import ConfigError, DataError
 from ..records import SampleRecord, Span
+from ..token_masks import MASK_DTYPE, encode_masks
 from ..token_offsets import byte_ranges
 from ..tokenizer import Tokenizer, load_tokenizer
 from .bad_record import describe_exception, on_bad_record
 from .base import Operator, OpTraits
 from .decode import _parse_problem
 
-MASK_DTYPE = np.uint8
 #: Tombstone reasons of this operator (all counted as skipped records).
 CHAT_ERROR, MASK_EMPTY, MASK_FULL, MASK_TRUNCATED = (
     "chat_error",
@@ -80,19 +80,6 @@ class Rendered:
     trained: tuple[tuple[int, int], ...]
     append_eos: bool
     kind: str
-
-
-def token_mask(offsets: np.ndarray, ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
-    """1 for every token whose characters overlap a trained range (an empty span counts as
-    its start character), else 0."""
-    mask = np.zeros(len(offsets), dtype=MASK_DTYPE)
-    if not ranges or not len(offsets):
-        return mask
-    starts = offsets[:, 0]
-    ends = np.maximum(offsets[:, 1], starts + 1)
-    for lo, hi in ranges:
-        mask[(starts < hi) & (ends > lo)] = 1
-    return mask
 
 
 def _record_object(payload: dict[str, Any]) -> Any:
@@ -258,20 +245,20 @@ class RenderChat(Operator):
         eos = self.completion_eos and self.eos_id >= 0
         return Rendered(prompt + completion, trained, eos, "prompt/completion")
 
-    def _tokens(self, rendered: Rendered, ids: np.ndarray, offsets: np.ndarray) -> dict[str, Any]:
+    def _tokens(self, rendered: Rendered, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         """The payload of a rendered record, after the mask checks (raises RecordProblem)."""
-        mask = token_mask(offsets, byte_ranges(rendered.text, rendered.trained))
         if rendered.append_eos:
             ids = np.append(ids, np.int32(self.eos_id)).astype(np.int32)
             mask = np.append(mask, MASK_DTYPE(1))
-        if not mask.any():
+        trained = int(np.count_nonzero(mask))
+        if not trained:
             what = "no assistant turn" if rendered.kind == "chat" else "an empty completion"
             raise RecordProblem(
                 MASK_EMPTY,
                 f"nothing to learn: no token of this {rendered.kind} record is trained "
                 f"({what} under train_on: {self.train_on})",
             )
-        if mask.all():
+        if trained == len(mask):
             raise RecordProblem(
                 MASK_FULL,
                 f"every token of this {rendered.kind} record would be trained (nothing is "
@@ -320,16 +307,18 @@ class RenderChat(Operator):
         return out
 
     def _encode(self, items: list[Rendered]) -> list[tuple[np.ndarray, np.ndarray] | RecordProblem]:
-        """Ids and offsets of each text: one batched call, or one per text if it raises."""
+        """Ids and loss mask of each text (:mod:`..token_masks`): one batched call, or one
+        per text if it raises."""
         tok = self.tokenizer
+        ranges = [byte_ranges(r.text, r.trained) for r in items]
         try:
-            return list(tok.encode_offsets([r.text for r in items]))
+            return list(encode_masks(tok, [r.text for r in items], ranges))
         except Exception:  # find the record(s) at fault below, one by one
             pass
         out: list[tuple[np.ndarray, np.ndarray] | RecordProblem] = []
-        for r in items:
+        for r, trained in zip(items, ranges):
             try:
-                out.append(tok.encode_offsets([r.text])[0])
+                out.append(encode_masks(tok, [r.text], [trained])[0])
             except Exception as exc:  # one record's failure is that record's problem
                 problem = f"the tokenizer failed on this record ({describe_exception(exc)})"
                 out.append(RecordProblem("tokenize_error", problem))
