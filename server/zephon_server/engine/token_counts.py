@@ -32,12 +32,31 @@ def count_batch_tokens(
     width = mask.shape[1]
     trained = np.zeros((mask.shape[0], width + 1), dtype=np.int64)
     np.cumsum(mask != 0, axis=1, out=trained[:, 1:])
+    rows: list[int] = []
+    starts: list[int] = []
+    lengths: list[int] = []
+    datasets: list[int] = []
     for i, meta in enumerate(batch.rows):
         offset = 0
-        row = trained[i]
         for span in meta.spans:
-            end = min(offset + span.length, width)
-            dataset = span.doc.dataset
-            tokens[dataset] += span.length
-            loss_tokens[dataset] += int(row[end] - row[min(offset, width)])
+            rows.append(i)
+            starts.append(offset)
+            lengths.append(span.length)
+            datasets.append(span.doc.dataset)
             offset += span.length
+    if not rows:
+        return
+    begin = np.minimum(np.asarray(starts, dtype=np.int64), width)
+    end = np.minimum(begin + np.asarray(lengths, dtype=np.int64), width)
+    at = np.asarray(rows, dtype=np.int64)
+    learned = trained[at, end] - trained[at, begin]
+    if len(set(datasets)) == 1:  # the common case: one dataset in the batch
+        tokens[datasets[0]] += sum(lengths)
+        loss_tokens[datasets[0]] += int(learned.sum())
+        return
+    which = np.asarray(datasets, dtype=np.int64)
+    per_tokens = np.bincount(which, weights=np.asarray(lengths, dtype=np.float64))
+    per_trained = np.bincount(which, weights=learned.astype(np.float64))
+    for dataset in sorted(set(datasets)):
+        tokens[dataset] += int(per_tokens[dataset])
+        loss_tokens[dataset] += int(per_trained[dataset])
