@@ -14,9 +14,11 @@ shape finds out, once per shape: each content is an :class:`Opaque` value that
   the marker as it is: recorded as the question "does stripping leave it as it is?";
 
 and can do nothing else. Anything else (``~``, ``| length``, ``split``, another filter,
-formatting, hashing, iterating, indexing, a marker written out through a ``{% set %}`` block,
-a ``{% filter %}`` block or a macro's output) ends the trace: the shape then has no checks,
-and each of its conversations is rendered (the fallback of :func:`.chat_layout.layout_chat`).
+formatting, hashing, iterating, indexing) ends the trace: the shape then has no checks, and
+each of its conversations is rendered (the fallback of :func:`.chat_layout.layout_chat`). A
+template that captures output as text (a macro, a ``{% call %}``, ``{% filter %}`` or
+``{% set %}`` block) is not traced at all, and every marker in a traced rendering must be the
+very string ``finalize`` wrote at the top level.
 
 The template's path through a conversation of the shape is then a function of the recorded
 answers alone, and the contents reach the output only where the markers are, verbatim. A
@@ -280,9 +282,10 @@ class Tracer:
     def __init__(self, template: ChatTemplate) -> None:
         self._lock = threading.Lock()
         self._template = template
-        self._compiled: tuple[Any, dict[str, Any]] | None = None
+        self._compiled: tuple[Any, ...] | None = None  # (): not traceable
 
-    def _compile(self) -> tuple[Any, dict[str, Any]]:
+    def _compile(self) -> tuple[Any, dict[str, Any]] | None:
+        """The template in the tracing environment; None when it captures output."""
         with self._lock:
             if self._compiled is None:
                 env = _environment_class()(finalize=_finalize)
@@ -291,16 +294,19 @@ class Tracer:
                     for name, fn in env.filters.items()
                 }
                 env.tests = {name: _traced_test(fn) for name, fn in env.tests.items()}
-                self._compiled = self._template.compile(env)
-            return self._compiled
+                self._compiled = (
+                    self._template.compile(env) if _no_capture(env, self._template) else ()
+                )
+            return self._compiled or None
 
     def checks(self, messages: Sequence[dict[str, Any]], probe: str) -> tuple[Check, ...] | None:
         """The questions the template asks of ``messages``' contents, when a traced rendering
         of their shape writes exactly ``probe`` (the rendering with every content replaced by
         its marker); None when the template does what a trace cannot follow."""
-        if MARKER in self._template.source.text:
+        compiled = self._compile()
+        if compiled is None or MARKER in self._template.source.text:
             return None
-        template, scope = self._compile()
+        template, scope = compiled
         trace = _Trace([marker(i) for i in range(len(messages))])
         traced = [{**m, "content": Opaque(i, trace)} for i, m in enumerate(messages)]
         scope = scope.copy()
@@ -320,6 +326,18 @@ class Tracer:
         if "".join(pieces) != probe:
             return None
         return tuple(dict.fromkeys(trace.checks))  # each question once, in order
+
+
+def _no_capture(env: Any, template: ChatTemplate) -> bool:
+    """Whether the template writes everything it outputs straight to the rendering: no macro,
+    ``{% call %}``, ``{% filter %}`` block or ``{% set %}`` block, whose captured output a
+    template can transform as text (``{% filter trim %}`` keeps the very string ``finalize``
+    returned, so the identity check alone would not see it)."""
+    from jinja2 import nodes
+
+    ast = env.parse(template.source.text)
+    captures = (nodes.Macro, nodes.CallBlock, nodes.FilterBlock, nodes.AssignBlock)
+    return not any(True for _ in ast.find_all(captures))
 
 
 def holds(checks: Sequence[Check], contents: Sequence[str]) -> bool:
