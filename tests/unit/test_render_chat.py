@@ -291,6 +291,20 @@ def test_strftime_now_uses_the_configured_date(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        "{{ messages | random }}{% for m in messages %}{{ m.content }}{% endfor %}",
+        "{% for m in messages %}{{ m.content }}{{ lipsum(1) }}{% endfor %}",
+    ],
+)
+def test_a_template_drawing_random_values_is_a_config_error(tmp_path, text):
+    template = tmp_path / "random.jinja"
+    template.write_text(text)
+    with pytest.raises(ConfigError, match="draws random values"):
+        RenderChat(tokenizer="byte", template=str(template))
+
+
+@pytest.mark.parametrize(
     ("params", "match"),
     [
         ({"train_on": "assistants"}, "train_on must be one of"),

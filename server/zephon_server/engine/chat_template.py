@@ -142,6 +142,28 @@ def find_template(tokenizer_path: str, template_path: str | None) -> TemplateSou
     return TemplateSource(found, f"{config_file}:chat_template", tokens)
 
 
+#: What a template may not use: its output would change from one run to the next.
+_RANDOM_FILTERS = frozenset(["random"])
+_RANDOM_GLOBALS = frozenset(["lipsum"])
+
+
+def _check_deterministic(ast: Any, origin: str) -> None:
+    """Refuse a template that draws random values (``| random``, ``lipsum()``): the same
+    pipeline must give the same tokens on every run (:class:`ConfigError` naming the fix)."""
+    from jinja2 import nodes
+
+    for node in ast.find_all((nodes.Filter, nodes.Name)):
+        name = node.name
+        if (type(node) is nodes.Filter and name in _RANDOM_FILTERS) or (
+            type(node) is nodes.Name and node.ctx == "load" and name in _RANDOM_GLOBALS
+        ):
+            raise ConfigError(
+                f"chat template from {origin}: line {node.lineno} uses {name!r}, which draws "
+                "random values, so the rendered tokens would change from run to run; remove "
+                "it from the template (give render_chat.template a copy without it)"
+            )
+
+
 def _raise_exception(message: str) -> None:
     from jinja2.exceptions import TemplateError
 
@@ -310,7 +332,9 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = moment.strftime
         try:
-            template = env.from_string(chat_budget.instrument(env, env.parse(self.source.text)))
+            ast = env.parse(self.source.text)
+            _check_deterministic(ast, self.source.origin)
+            template = env.from_string(chat_budget.instrument(env, ast))
         except TemplateSyntaxError as exc:
             raise ConfigError(
                 f"chat template from {self.source.origin}: syntax error at line {exc.lineno}: "
