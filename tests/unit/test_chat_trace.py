@@ -229,3 +229,26 @@ def test_contents_carried_in_a_namespace_are_traced_and_written_exactly():
     tpl.renders = 0
     assert [outcome(tpl, m, skeletons) for m in convs] == plain
     assert tpl.renders == 0
+
+
+def test_a_shape_asking_too_many_questions_is_rendered_instead():
+    """Distinct questions are bounded per shape (a base plus a share per message), so a
+    skeleton's checks stay small and cheap to check; past the bound the shape renders."""
+    from zephon_server.engine.chat_trace import MAX_CHECKS_BASE, MAX_CHECKS_PER_MESSAGE
+
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    bound = MAX_CHECKS_BASE + MAX_CHECKS_PER_MESSAGE * len(messages)
+
+    def asking(n: int) -> ChatTemplate:
+        body = (
+            f"{{% for w in range({n}) %}}{{% if m.content == 'w' ~ w %}}!{{% endif %}}"
+            "{% endfor %}{{ m.content }}"
+        )
+        return template(body)
+
+    few, many = asking(bound // 2 - 1), asking(bound // 2 + 1)
+    assert len(Skeletons(few).get(messages).checks) == 2 * (bound // 2 - 1)
+    assert Skeletons(many).get(messages).checks is None
+    convs = conversations()
+    skeletons = Skeletons(many)
+    assert [outcome(many, m, skeletons) for m in convs] == [outcome(many, m, None) for m in convs]

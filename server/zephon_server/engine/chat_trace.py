@@ -48,6 +48,11 @@ def marker(i: int) -> str:
 
 #: One recorded question: (message index, question, its arguments, the answer to expect).
 Check = tuple[int, Callable[..., Any], tuple[Any, ...], Any]
+#: Distinct questions a traced rendering may record (a base plus a share per message): real
+#: templates ask a few per message; a shape asking more is rendered instead, which bounds a
+#: skeleton's memory and the cost of checking a conversation against it.
+MAX_CHECKS_BASE = 64
+MAX_CHECKS_PER_MESSAGE = 16
 
 
 class NotTraceable(Exception):
@@ -92,7 +97,8 @@ class _Trace:
 
     def __init__(self, markers: Sequence[str]) -> None:
         self.markers = markers
-        self.checks: list[Check] = []
+        self.checks: dict[Check, None] = {}  # each question once, in the order first asked
+        self.limit = MAX_CHECKS_BASE + MAX_CHECKS_PER_MESSAGE * len(markers)
         self.written: dict[int, str] = {}  # id -> text: kept alive, so ids stay unique
 
     def ask(self, i: int, question: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -105,7 +111,9 @@ class _Trace:
             raise NotTraceable(f"a question a content cannot answer: {exc}") from None
         if type(answer) is not bool:
             raise NotTraceable("a question whose answer is not true or false")
-        self.checks.append((i, question, args, answer))
+        self.checks[(i, question, args, answer)] = None
+        if len(self.checks) > self.limit:
+            raise NotTraceable(f"more than {self.limit} distinct questions asked of contents")
         return answer
 
     def strip(self, value: Opaque, keeps: Callable[..., bool], args: tuple[Any, ...]) -> Opaque:
@@ -282,29 +290,32 @@ class Tracer:
     def __init__(self, template: ChatTemplate) -> None:
         self._lock = threading.Lock()
         self._template = template
-        self._compiled: tuple[Any, ...] | None = None  # (): not traceable
+        self._compiled: tuple[Any, dict[str, Any]] | None = None
+        self._traceable: bool | None = None  # None: not compiled yet
 
     def _compile(self) -> tuple[Any, dict[str, Any]] | None:
-        """The template in the tracing environment; None when it captures output."""
+        """The template in the tracing environment; None when it is not traceable (it
+        captures output, or holds a marker)."""
         with self._lock:
-            if self._compiled is None:
+            if self._traceable is None:
                 env = _environment_class()(finalize=_finalize)
                 env.filters = {
                     name: fn if " " in name else _traced_filter(name, fn)  # budget filters
                     for name, fn in env.filters.items()
                 }
                 env.tests = {name: _traced_test(fn) for name, fn in env.tests.items()}
-                self._compiled = (
-                    self._template.compile(env) if _no_capture(env, self._template) else ()
-                )
-            return self._compiled or None
+                text = self._template.source.text
+                self._traceable = MARKER not in text and _no_capture(env, text)
+                if self._traceable:
+                    self._compiled = self._template.compile(env)
+            return self._compiled
 
     def checks(self, messages: Sequence[dict[str, Any]], probe: str) -> tuple[Check, ...] | None:
         """The questions the template asks of ``messages``' contents, when a traced rendering
         of their shape writes exactly ``probe`` (the rendering with every content replaced by
         its marker); None when the template does what a trace cannot follow."""
         compiled = self._compile()
-        if compiled is None or MARKER in self._template.source.text:
+        if compiled is None:
             return None
         template, scope = compiled
         trace = _Trace([marker(i) for i in range(len(messages))])
@@ -325,17 +336,17 @@ class Tracer:
             return None
         if "".join(pieces) != probe:
             return None
-        return tuple(dict.fromkeys(trace.checks))  # each question once, in order
+        return tuple(trace.checks)
 
 
-def _no_capture(env: Any, template: ChatTemplate) -> bool:
+def _no_capture(env: Any, text: str) -> bool:
     """Whether the template writes everything it outputs straight to the rendering: no macro,
     ``{% call %}``, ``{% filter %}`` block or ``{% set %}`` block, whose captured output a
     template can transform as text (``{% filter trim %}`` keeps the very string ``finalize``
     returned, so the identity check alone would not see it)."""
     from jinja2 import nodes
 
-    ast = env.parse(template.source.text)
+    ast = env.parse(text)
     captures = (nodes.Macro, nodes.CallBlock, nodes.FilterBlock, nodes.AssignBlock)
     return not any(True for _ in ast.find_all(captures))
 

@@ -15,11 +15,12 @@ the same masks.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from .token_offsets import tiled_size
 
 MASK_DTYPE = np.uint8
 #: Trained byte ranges ``[lo, hi)`` of one text.
@@ -76,7 +77,7 @@ def tiled_masks(
     bounds = np.zeros(len(lengths) + 1, dtype=np.int64)  # bounds[k]: byte where token k starts
     np.cumsum(lengths, out=bounds[1:])
     base = bounds[firsts]  # byte where each text starts, texts laid end to end
-    sizes = np.fromiter(map(_utf8_size, texts), dtype=np.int64, count=n)
+    sizes = np.fromiter(map(tiled_size, texts), dtype=np.int64, count=n)
     tiles = (base[1:] - base[:-1]) == sizes
     lows, highs, owners = [], [], []
     for i in np.flatnonzero(tiles).tolist():
@@ -98,13 +99,3 @@ def tiled_masks(
         np.add.at(edges, last[kept], -1)
         mask[np.cumsum(edges[:-1]) > 0] = 1
     return [mask[firsts[i] : firsts[i + 1]] if ok else None for i, ok in enumerate(tiles.tolist())]
-
-
-def _utf8_size(text: str) -> int:
-    """The UTF-8 length of ``text``; -1 (tiles nothing) for a text an NFC normalizer would
-    change, whose tokens then do not tile it."""
-    if text.isascii():
-        return len(text)
-    if not unicodedata.is_normalized("NFC", text):
-        return -1
-    return len(text.encode("utf-8", "surrogatepass"))

@@ -76,14 +76,22 @@ def byte_length_table(tokenizer_json: str, tokenizer: Any) -> np.ndarray | None:
     return table
 
 
+def tiled_size(text: str) -> int:
+    """The bytes ``text``'s tokens add up to when they tile it: its UTF-8 length, or -1 (no
+    tokens add up to it) for a text an NFC normalizer would change, whose tokens then do not
+    stand for its bytes."""
+    if text.isascii():
+        return len(text)
+    if not unicodedata.is_normalized("NFC", text):
+        return -1
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def offsets_from_lengths(ids: np.ndarray, table: np.ndarray, text: str) -> np.ndarray | None:
     """Byte offsets ``[n, 2]`` of ``ids`` from their lengths, or None when the lengths do not
-    add up to ``text``'s UTF-8 length (the tokens then do not tile the text)."""
-    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
-        return None  # an NFC normalizer would change it: the tokens do not tile the text
+    add up to :func:`tiled_size` (the tokens then do not tile the text)."""
     ends = np.cumsum(table[ids])
-    total = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-    if (int(ends[-1]) if len(ends) else 0) != total:
+    if (int(ends[-1]) if len(ends) else 0) != tiled_size(text):
         return None
     out = np.empty((len(ids), 2), dtype=np.int64)
     out[:, 1] = ends
