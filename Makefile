@@ -25,10 +25,11 @@ install: $(STAMP)
 
 # Serves the embedded default pipeline (sample corpus generated on first start) on
 # 127.0.0.1:50051 with Prometheus metrics on :9400 and checkpoints under zephon-data/state.
-# Best effort: mimalloc makes tokenizing ~25% cheaper (docs/operations.md#memory-allocator).
+# Best effort: mimalloc makes tokenizing ~25% cheaper (docs/operations.md#memory-allocator);
+# the installed `zephon` command preloads it before Python starts.
 run: install
 	@bash tools/install-mimalloc.sh --best-effort
-	$(PYTHON) -m zephon_server.cli serve --host 127.0.0.1 --port 50051 --metrics-port 9400 \
+	$(VENV)/bin/zephon serve --host 127.0.0.1 --port 50051 --metrics-port 9400 \
 		--state-dir zephon-data/state --resume latest
 
 lint: install

@@ -53,10 +53,13 @@ def _die_with_parent() -> None:
 
 
 def spawn(
-    args: list[str], log_path: Path, env: dict[str, str | None] | None = None
+    args: list[str],
+    log_path: Path,
+    env: dict[str, str | None] | None = None,
+    program: str = sys.executable,
 ) -> subprocess.Popen[bytes]:
-    """A Python child (``python args...``) logging to ``log_path``; ``env`` changes its
-    environment (None removes a variable)."""
+    """A child (``program args...``, default this Python) logging to ``log_path``; ``env``
+    changes its environment (None removes a variable)."""
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()}
     for key, value in (env or {}).items():
         if value is None:
@@ -66,7 +69,7 @@ def spawn(
     out = open(log_path, "wb")  # noqa: SIM115 - the child keeps it; closed when we drop it
     try:
         return subprocess.Popen(
-            [sys.executable, *args],
+            [program, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,

@@ -1,10 +1,11 @@
 """Start-up: launching ``zephon serve`` to SERVING and to a client's first batch, and RSS.
 
 ``python -m bench.startup [--rounds 5] [--quick] [--publish]`` (``bench.run`` runs it too and
-publishes it in docs/benchmarks.md). Every start is the real command a user types, ``python -m
-zephon_server.cli serve --config P``, with ``--allocator auto`` (the default: it re-executes
-itself on mimalloc when installed) or ``--allocator system``, in an environment without
-``LD_PRELOAD`` or ``MIMALLOC_*`` variables, so the default's re-execution is measured too.
+publishes it in docs/benchmarks.md). Every start is the real command a user types, the installed
+``zephon serve --config P`` (the shell launcher beside this Python), with ``--allocator auto``
+(the default: mimalloc when installed, preloaded by the launcher) or ``--allocator system``, in
+an environment without ``LD_PRELOAD`` or ``MIMALLOC_*`` variables, so whatever the default
+costs to get its allocator is measured too.
 
 Cases: 100 / 1,000 / 10,000 JSONL shards of ~20 KB (byte tokenizer), and the reference
 workload, 8 JSONL shards of 38 MB with the BPE tokenizer the benchmark trains (decode →
@@ -61,7 +62,8 @@ REFERENCE_BYTES = 38_000_000
 QUICK_SHARD_COUNTS = (100, 1_000)
 QUICK_REFERENCE_BYTES = 4_000_000
 READ_BLOCK = 16 << 20
-PYTHON_CLI = ["-m", "zephon_server.cli"]
+ZEPHON = str(Path(sys.executable).with_name("zephon"))
+"""The ``zephon`` command ``pip install`` puts beside this Python (``server/bin/zephon``)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ class Support:
 
 def probe_support() -> Support:
     """Ask the installed command (``--help``) whether the persisted index is there."""
+    if not os.access(ZEPHON, os.X_OK):
+        raise SystemExit(f"{ZEPHON}: no zephon command beside this Python; run `make install`")
     env = server_env()
     serve = _run_cli(["serve", "--help"], env)
     index = _run_cli(["index", "--help"], env)
@@ -98,7 +102,7 @@ def probe_support() -> Support:
 
 def _run_cli(args: Sequence[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *PYTHON_CLI, *args],
+        [ZEPHON, *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -251,8 +255,8 @@ def cases(work_dir: Path, quick: bool, tokenizer: str | None) -> tuple[list[Case
 
 
 def serve_args(case: Case, run_dir: Path, allocator: str, index_dir: Path | None) -> list[str]:
-    """``python -m zephon_server.cli serve`` for ``case`` (``allocator``: default | system)."""
-    args = [*PYTHON_CLI, "serve", "--config", str(case.config), "--host", HOST, "--port", "0"]
+    """``zephon serve``'s arguments for ``case`` (``allocator``: default | system)."""
+    args = ["serve", "--config", str(case.config), "--host", HOST, "--port", "0"]
     args += ["--port-file", str(run_dir / "port"), "--log-interval", "0"]
     args += ["--allocator", "auto" if allocator == "default" else "system"]
     if index_dir is not None:
@@ -274,7 +278,9 @@ def measure_start(
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("MIMALLOC_")}
     env.update(LD_PRELOAD=None, ZEPHON_ALLOCATOR=None)
     t0 = time.monotonic()
-    proc = spawn(serve_args(case, run_dir, allocator, index_dir), run_dir / "server.log", env)
+    proc = spawn(
+        serve_args(case, run_dir, allocator, index_dir), run_dir / "server.log", env, ZEPHON
+    )
     try:
         deadline = t0 + START_TIMEOUT
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -319,7 +325,7 @@ def build_index(case: Case, index_dir: Path, workers: int, run_dir: Path) -> flo
     args = ["index", "--config", str(case.config), "--index-dir", str(index_dir)]
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, *PYTHON_CLI, *args, "--workers", str(workers)],
+        [ZEPHON, *args, "--workers", str(workers)],
         capture_output=True,
         text=True,
         timeout=3600,
@@ -463,7 +469,7 @@ def steady_rate(dataset: str, tokenizer: str, work_dir: Path, seconds: float = 3
     run_dir = work_dir / "steady"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    proc = spawn(serve_args(case, run_dir, "default", None), run_dir / "server.log")
+    proc = spawn(serve_args(case, run_dir, "default", None), run_dir / "server.log", program=ZEPHON)
     progress: list[tuple[float, int]] = []
     try:
         while not ((run_dir / "port").exists() and (run_dir / "port").read_text().strip()):
@@ -497,9 +503,10 @@ def method(support: Support, rounds: int) -> list[str]:
         "counts every shard, so there is no warm figure"
     )
     return [
-        "Launching `python -m zephon_server.cli serve --config P` (no `LD_PRELOAD`; "
-        "`--allocator auto`, the default, re-executes on mimalloc, `--allocator system` stays "
-        "on glibc malloc) to SERVING (its `--port-file` appears) and to the first batch a "
+        "Launching the installed `zephon serve --config P` (no `LD_PRELOAD`; "
+        "`--allocator auto`, the default, runs on mimalloc, which the `zephon` launcher "
+        "preloads; `--allocator system` stays on glibc malloc) to SERVING (its `--port-file` "
+        "appears) and to the first batch a "
         "`DataClient` receives; RSS of the server at SERVING. JSONL shards of ~20 KB with the "
         "byte tokenizer, and the reference workload (8 JSONL shards of 38 MB, the BPE "
         "tokenizer, shuffle, threads x2), with the default `end_of_data: shortest` (this "

@@ -257,3 +257,43 @@ def test_a_server_started_with_mimalloc_preloaded_does_not_re_execute(tmp_path, 
     assert len(starts["preloaded"]) == 1, starts  # one interpreter start
     # without the preload the same command re-executes: the same pid starts twice
     assert len(starts["plain"]) == 2 and len({s.split()[0] for s in starts["plain"]}) == 1, starts
+
+
+ZEPHON = Path(sys.executable).with_name("zephon")
+"""The installed ``zephon`` command: the shell launcher ``server/bin/zephon``."""
+
+
+@pytest.mark.service
+@pytest.mark.timeout(180)
+def test_the_zephon_command_preloads_mimalloc_before_python_starts(
+    tmp_path, corpus_dir, monkeypatch
+):
+    # The launcher sets LD_PRELOAD and the mimalloc settings, then execs the program: one
+    # interpreter start (counted by a sitecustomize), the launched pid serving on mimalloc.
+    assert MIMALLOC and ZEPHON.is_file(), ZEPHON
+    cfg = write_config(tmp_path / "p.yaml", corpus_dir, lanes=2)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(COUNT_STARTS)
+    starts = tmp_path / "starts"
+    for name in ("LD_PRELOAD", allocator.ENV, *allocator.TUNING["mimalloc"]):
+        monkeypatch.delenv(name, raising=False)
+    env = {
+        "PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}",
+        "ZEPHON_TEST_STARTS": str(starts),
+    }
+    with server(["--config", str(cfg)], tmp_path, env=env, command=[str(ZEPHON)]) as srv:
+        pid = srv.proc.pid
+        assert has_mimalloc(pid), srv.output()
+        seen = environ(pid)
+        output = srv.output()
+    assert "preloaded already" in output and "re-executed" not in output, output
+    assert os.path.realpath(seen["LD_PRELOAD"]) == os.path.realpath(MIMALLOC)
+    assert {k: seen[k] for k in allocator.TUNING["mimalloc"]} == allocator.TUNING["mimalloc"]
+    assert len(starts.read_text().splitlines()) == 1, starts.read_text()
+
+    # --allocator system through the same command: glibc, nothing preloaded
+    args = ["--config", str(cfg), "--allocator", "system"]
+    with server(args, tmp_path, env=env, command=[str(ZEPHON)]) as srv:
+        assert not has_mimalloc(srv.proc.pid), srv.output()
+        assert environ(srv.proc.pid).get("LD_PRELOAD", "") == ""

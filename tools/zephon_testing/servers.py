@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -71,17 +71,26 @@ def write_config(
     return path
 
 
-class ServerProcess:
-    """A ``zephon serve`` subprocess; ``address`` is host:port once started."""
+PYTHON_CLI = (sys.executable, "-m", "zephon_server.cli")
+"""The ``zephon`` program as this Python runs it (the installed ``zephon`` launcher aside)."""
 
-    def __init__(self, args: list[str], workdir: Path, env: dict | None = None) -> None:
+
+class ServerProcess:
+    """A ``zephon serve`` subprocess; ``address`` is host:port once started. ``command`` runs
+    the program (default :data:`PYTHON_CLI`; the installed ``zephon`` launcher, say)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        workdir: Path,
+        env: dict | None = None,
+        command: Sequence[str] = PYTHON_CLI,
+    ) -> None:
         self.port_file = workdir / f"port-{time.monotonic_ns()}"
         self.log_path = workdir / f"server-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         cmd = [
-            sys.executable,
-            "-m",
-            "zephon_server.cli",
+            *command,
             "serve",
             "--port",
             "0",
@@ -132,9 +141,14 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def server(args: list[str], workdir: Path, env: dict | None = None) -> Iterator[ServerProcess]:
+def server(
+    args: list[str],
+    workdir: Path,
+    env: dict | None = None,
+    command: Sequence[str] = PYTHON_CLI,
+) -> Iterator[ServerProcess]:
     """A running server for the ``with`` block; checks it exits 0 on SIGTERM."""
-    proc = ServerProcess(args, workdir, env)
+    proc = ServerProcess(args, workdir, env, command)
     try:
         yield proc
     finally:

@@ -5,9 +5,11 @@ much of the tokenizer threads' CPU goes to ``malloc``/``free``; mimalloc costs f
 token (``python -m bench.run`` measures both allocators; the figures and what did not help are
 in docs/decisions.md).
 
-An allocator replaces malloc only if it is loaded before anything else, so
-:func:`ensure_allocator` re-executes the process once (same pid, same command line) with
-``LD_PRELOAD`` naming the library; worker processes (``--runner processes``) inherit it.
+An allocator replaces malloc only if it is loaded before anything else. The installed
+``zephon`` command (``server/bin/zephon``, a shell launcher) preloads the library for the common
+choices before Python starts, mirroring :data:`LIBRARY_DIRS`, :data:`KNOWN` and :data:`TUNING`;
+otherwise :func:`ensure_allocator` re-executes the process once (same pid, same command line)
+with ``LD_PRELOAD`` naming the library. Worker processes (``--runner processes``) inherit it.
 :func:`decide` makes the choice (a pure function of the choice, the environment and the
 library already mapped); :func:`ensure_allocator` carries it out. Every caller takes that same
 path: ``zephon serve`` run as a program passes the command line that runs it again; code that
