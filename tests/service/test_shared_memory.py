@@ -322,7 +322,14 @@ def test_a_ring_too_small_for_the_window_mixes_both_ways_with_the_same_batches(
     cfg = write_config(tmp_path / "big.yaml", corpus_dir, lanes=1, batch=2, extra_ops=ops)
     expected = dump_digests(cfg, 1000)
     assert len(expected[0]) >= 26  # 16 before the first ack, then more than the ring holds
-    with server(["--config", str(cfg), "--shm-ring-mib", "1"], tmp_path) as srv:
+    args = ["--config", str(cfg), "--shm-ring-mib", "1", "--max-ahead", "1000"]
+    with server(args, tmp_path) as srv:
+        # Every batch produced before reading: the window and the ring decide, not how fast
+        # the pipeline keeps up with the reader (a loaded machine sent all through the ring).
+        deadline = time.monotonic() + 60
+        while "pipeline finished" not in srv.output():
+            assert time.monotonic() < deadline, srv.output()
+            time.sleep(0.05)
         offer, _, out = read_raw(srv.stub(), 0, None, per_message=1, ack_every=12)
         assert offer is not None and offer.size == 1 << 20
         assert checked_chain([d for _, d, _ in out]) == expected[0]

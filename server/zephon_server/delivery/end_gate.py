@@ -5,6 +5,8 @@ the hub's lock held, from a few marked call sites of :mod:`.hub` and :mod:`.read
 
 * the producer reports every batch and lane end (:meth:`EndGate.report`); a batch past the
   final end is *cut*: not kept, and the hub's log of that lane stops at the end;
+* the pipeline's counting thread reports the batches a lane is promised
+  (:meth:`EndGate.promise`), which moves the frontier before the batches exist;
 * a reader asks :meth:`EndGate.gate` before taking seq ``s``: deliver it, wait, or take the
   lane's end (the same end on every lane, whatever the number of ranks);
 * a reader that must wait does so in :meth:`EndGate.wait`, counting as demand for the lanes
@@ -79,6 +81,14 @@ class EndGate:
         if (ends.frontier, ends.bound, ends.end) != before:
             self._wake_all()
         return True
+
+    def promise(self, lane: int, batches: int) -> None:
+        """``lane`` will produce ``batches`` batches at least (:mod:`..engine.lane_promises`);
+        wakes every lane's readers when that moves the frontier."""
+        before = self.ends.frontier
+        self.ends.promise(lane, batches)
+        if self.ends.frontier != before:
+            self._wake_all()
 
     def past_end(self, st: LaneBuffer) -> bool:
         """Whether ``st``'s lane reached the final common end (feed it: its batches are cut)."""

@@ -36,6 +36,7 @@ The hub never imports gRPC; the service adapts it to the protocol.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -243,6 +244,8 @@ class LaneHub:
                 run, self.lanes, self._state, self._lane_conds, self._wake_all
             )
             gen = self._generation
+            if self.end_gate is not None:  # lanes promised batches let seqs out sooner
+                run.on_promise = functools.partial(self._on_promise, gen)
             self._wake_all()  # readers of the previous run end (HubClosed: reopen the lane)
             self._thread = threading.Thread(
                 target=self._produce, args=(run, gen), name="zephon-hub-producer", daemon=True
@@ -314,6 +317,13 @@ class LaneHub:
             return None if st is None or self._closed else st.position()
 
     # -- producer -------------------------------------------------------------------------
+
+    def _on_promise(self, generation: int, lane: int, batches: int) -> None:
+        """``lane`` of the run of ``generation`` will produce ``batches`` batches at least
+        (called from the pipeline's counting thread: :mod:`..engine.lane_promises`)."""
+        with self._cond:
+            if self._current(generation) and self.end_gate is not None:
+                self.end_gate.promise(lane, batches)
 
     def _current(self, generation: int) -> bool:
         return generation == self._generation and not self._closed

@@ -12,8 +12,9 @@ The cut is a pure function of the per-lane streams, so it is the same whatever t
 the number of ranks or the resumes. It can only be known once the lanes are produced, which
 is what :class:`LaneEnds`, the *frontier*, keeps track of:
 
-* seq ``s`` may be delivered (on any lane) once **every** lane has produced ``s``: no lane can
-  then end at or before ``s``;
+* seq ``s`` may be delivered (on any lane) once **every** lane has produced ``s``, or is
+  *promised* more than ``s`` batches (:meth:`LaneEnds.promise`, a sound lower bound of its
+  batch count: :mod:`.lane_promises`): no lane can then end at or before ``s``;
 * a reader at ``s`` has reached the end once some lane ended at ``n <= s`` and every lane has
   produced ``n`` or ended (the end ``E`` is then *final*);
 * otherwise it waits, and :meth:`LaneEnds.lagging` names the lanes it waits for (the hub
@@ -80,10 +81,11 @@ class LaneEndItem:
 class _Lane:
     """One lane's part of the frontier (see :class:`LaneEnds`)."""
 
-    __slots__ = ("base", "entries", "natural", "produced", "tail")
+    __slots__ = ("base", "entries", "natural", "produced", "promised", "tail")
 
     def __init__(self, next_seq: int, chain: bytes) -> None:
         self.produced = next_seq
+        self.promised = next_seq  # a lower bound of where the lane ends (>= produced once known)
         self.base = (next_seq, chain)  # (seq, chain before it): the oldest chain still known
         # (seq, chain after it, rows, tombstones) of the batches the cut may still concern
         self.entries: deque[tuple[int, bytes, tuple[SampleMeta, ...], tuple[SampleMeta, ...]]]
@@ -149,16 +151,30 @@ class LaneEnds:
     def finish(self, lane: int, next_seq: int, tombstones: Iterable[SampleMeta]) -> None:
         """``lane`` ended by itself at ``next_seq``, with ``tombstones`` after its last batch."""
         st = self._lanes[lane]
+        if next_seq < st.promised:  # readers may have been given batches past this end
+            raise RuntimeError(
+                f"end_of_data: lane {lane} ended at seq {next_seq} but was promised "
+                f"{st.promised} batches (lane_promises counted records that did not all reach "
+                "a batch): a bug, please report it; end_of_data: longest avoids the promise"
+            )
         st.produced = next_seq
         st.natural = next_seq
         st.tail = tuple(tombstones)
+
+    def promise(self, lane: int, batches: int) -> None:
+        """``lane`` will produce batches up to seq ``batches`` (exclusive) at least: a lower
+        bound of its end from :class:`.lane_promises.LanePromises`."""
+        st = self._lanes[lane]
+        if batches > st.promised:
+            st.promised = batches
 
     # -- the frontier ------------------------------------------------------------------------
 
     @property
     def frontier(self) -> int:
-        """Every seq below it is produced on every lane (ended lanes count their end)."""
-        return min(st.produced for st in self._lanes.values())
+        """Every seq below it is produced, or promised, on every lane (ended lanes count
+        their end): no lane ends before it."""
+        return min(max(st.produced, st.promised) for st in self._lanes.values())
 
     @property
     def bound(self) -> int | None:
@@ -188,17 +204,20 @@ class LaneEnds:
         return END if self.end is not None else WAIT
 
     def lagging(self, seq: int) -> list[int]:
-        """The lanes a reader at ``seq`` waits for: not ended, and not yet past ``seq`` (or
-        past the smallest natural end, which makes the end final)."""
+        """The lanes a reader at ``seq`` waits for: not ended, and not yet past ``seq``
+        (produced or promised); at or past the smallest natural end, the lanes that have not
+        produced up to it, which makes the end final (a promise does not: the end item needs
+        the batches themselves)."""
         bound = self.bound
-        target = seq if bound is None else min(seq, bound - 1)
-        return [
-            lane for lane, st in self._lanes.items() if st.natural is None and st.produced <= target
-        ]
+        lanes = [(lane, st) for lane, st in self._lanes.items() if st.natural is None]
+        if bound is not None and seq >= bound:
+            return [lane for lane, st in lanes if st.produced < bound]
+        return [lane for lane, st in lanes if max(st.produced, st.promised) <= seq]
 
     def _prune(self) -> None:
         """Forget what no end can need: the batches below ``frontier - 1`` (the end is at
-        least the frontier; its chain is the one after batch ``end - 1``)."""
+        least the frontier, promises included; its chain is the one after batch
+        ``end - 1``)."""
         keep_from = self.frontier - 1
         for st in self._lanes.values():
             entries = st.entries

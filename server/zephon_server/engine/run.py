@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from zephon_wire import CHAIN_SEED
 from .checkpoint import CheckpointError, IncompatibleCheckpoint, LaneState, ResumeState
 from .errors import ConfigError
 from .lane_ends import LaneEnds, applies, deliver
+from .lane_promises import LanePromises, counting_step
 from .numbered_batch import NumberedBatch
 from .ops.replay import REPLAY_CURSORS, ReplayFilterAccumulator
 from .planner import Plan
@@ -190,9 +191,15 @@ class PipelineRun:
         self.k = p.flush_every_k_chunks
         starts = self._starts(resume)
         self.logs = {lane: LaneLog(lane, starts[lane], retention) for lane in self.lanes}
+        #: Whether the lanes end together (``shortest``, a finite stream, every lane here).
+        self.end_together = applies(p, self.lanes)
+        #: ``(lane, batches)``: a lane is promised at least that many batches
+        #: (:mod:`.lane_promises`); set by the hub before iterating, which gates its readers
+        #: on the lanes' frontier. None: nothing is counted.
+        self.on_promise: Callable[[int, int], None] | None = None
         #: The common end applied by iteration (None: each lane runs to its own end).
         self.ends: LaneEnds | None = None
-        if apply_end and applies(p, self.lanes):
+        if apply_end and self.end_together:
             self.ends = LaneEnds(
                 p.end_of_data, {lane: (s.next_seq, s.chain) for lane, s in starts.items()}
             )
@@ -233,14 +240,18 @@ class PipelineRun:
 
         Fresh lanes are put first only under a gate (a server's hub: readers wait per lane);
         consumed in-process (``batches()``, ``zephon dump``) a fresh run keeps the plain
-        round-robin, so its interleaving of lanes is the same on every runner.
+        round-robin, so its interleaving of lanes is the same on every runner. Nor when the
+        lanes end together (:attr:`end_together`): seq 0 then waits until every lane is known
+        to produce a batch, which one round of chunks usually promises
+        (:mod:`.lane_promises`), while feeding lane after lane to its first batch would take
+        two or more chunks of each.
         """
         out = {}
         for lane, log_ in self.logs.items():
             cursor = targets.get(lane)
             if cursor is not None:
                 out[lane] = min(self._epoch_end(cursor[0]), cursor[0] + 2)
-            elif self.gate is not None:
+            elif self.gate is not None and not self.end_together:
                 out[lane] = log_.start.boundary_chunk + FIRST_BATCH_CHUNKS
         return out
 
@@ -457,7 +468,24 @@ class PipelineRun:
             runner = make_runner(stage.runner, drivers, plan, extras)
             self.runners.append(runner)
             stream = runner.run(stream)
+        self._count_promises(targets)
         return stream
+
+    def _count_promises(self, targets: Mapping[int, Any]) -> None:
+        """Count the records entering the plan's conserving tail (:mod:`.lane_promises`) for
+        :attr:`on_promise`, when it is set and the plan has such a tail."""
+        if self.on_promise is None:
+            return
+        found = counting_step([driver.step.ops for driver in self.drivers])
+        if found is None:
+            return
+        index, batch_size = found
+        fresh = {
+            lane: log_.start.next_seq for lane, log_ in self.logs.items() if lane not in targets
+        }
+        if fresh:
+            promises = LanePromises(batch_size, fresh, self.on_promise)
+            self.drivers[index].counter = promises.count
 
     def __iter__(self) -> Iterator[NumberedBatch | LaneEnd]:
         items = self._items()

@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..errors import ContractError, WorkerError, ZephonError
@@ -146,6 +146,9 @@ class StepDriver:
     def __init__(self, step: Step, accumulator: Accumulator) -> None:
         self.step = step
         self.acc = accumulator
+        #: Called with every run of elements before they are pushed (in stream order): the
+        #: tail's first step counts records for :class:`~..lane_promises.LanePromises`.
+        self.counter: Callable[[list[Any]], None] | None = None
         self.held: dict[int, deque[FlushSentinel]] = {}
         self.stalled_seconds = 0.0
         self._stall_started: dict[int, float] = {}
@@ -189,6 +192,8 @@ class StepDriver:
     # -- internals ------------------------------------------------------------------------
 
     def _push(self, elems: list[Any], out: list[Any]) -> None:
+        if self.counter is not None:
+            self.counter(elems)
         if self.acc.reads_payload:
             resolve_payloads(elems)
         out.extend(Task(self.step, mb) for mb in self.acc.push_many(elems) if mb)
