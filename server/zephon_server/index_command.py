@@ -134,7 +134,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         f"indexed {report.shards} shards of {report.datasets} dataset(s) in {store.root}: "
         f"{report.built} built, {report.reused} already indexed; {report.rows} rows, "
         f"{human_bytes(report.bytes_total)} ({human_bytes(report.bytes_built)} read) in "
-        f"{report.seconds:.1f} s ({human_bytes(rate)}/s)"
+        f"{report.seconds:.2f} s ({rate / 1e6:.1f} MB/s)"
     )
     pruned = enforce(cache.index)
     if pruned is not None and pruned.bytes_removed:

@@ -240,7 +240,7 @@ def test_the_index_rate_is_read_from_zephon_index_s_summary_line() -> None:
 
     line = (
         "indexed 8 shards of 1 dataset(s) in /tmp/i: 8 built, 0 already indexed; 61000 rows, "
-        "304.0 MB (304.0 MB read) in 0.4 s (716.3 MB/s)"
+        "304.0 MB (304.0 MB read) in 0.42 s (716.3 MB/s)"
     )
     assert reported_rate(line) == 716.3e6
     assert reported_rate("indexed 0 shards ... (12 B/s)") == 12.0
@@ -263,3 +263,15 @@ def test_publishing_start_up_alone_replaces_only_its_section() -> None:
     bare = page.replace("## Start-up\n\nold start-up\n\n", "")
     out = startup_report.replace_section(bare, section, "from its own run")
     assert out.index("## Targets") < out.index("## Start-up") < out.index("## Other figures")
+
+
+def test_the_read_rate_is_judged_on_per_round_ratios():
+    # The disk's rate moves between rounds: the ratio of each round's back-to-back pair counts,
+    # not the ratio of the two medians, and the text names the read sizes timed.
+    data = section(True, 2.5, 150 * MB, 1.2)
+    data["index_rate"].update(ratio=0.78, read_blocks={"1048576": 520e6, "16777216": 480e6})
+    found = {t["label"]: t for t in sr.targets(data)}
+    (rate,) = (t for t in found.values() if "read rate" in t["label"])
+    assert rate["shown"].startswith("0.78 (") and not rate["ok"]
+    text = sr.rate_text(data["index_rate"])
+    assert "1 MiB (520 MB/s) and 16 MiB (480 MB/s)" in text

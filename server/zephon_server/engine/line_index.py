@@ -7,16 +7,12 @@ reuse their buffers (see :class:`_Scratch`), so indexing allocates only the offs
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from io import FileIO
+from collections.abc import Iterator
 
 import numpy as np
 
-_BLOCK = 1 << 22  # bytes scanned per step while indexing (buffers reused: see _Scratch)
-_READERS = 4  # read-ahead threads shared by concurrent scans
+_BLOCK = 1 << 20  # bytes read and scanned per step while indexing (buffers reused: _Scratch)
 
 
 def line_starts(data: bytes | bytearray | memoryview) -> np.ndarray:
@@ -39,61 +35,23 @@ def index_lines(path: str) -> np.ndarray:
     ``[starts[i], starts[i + 1] - 1)`` (the newline excluded). A final unterminated line gets
     a virtual newline at ``size``, so the same formula holds. Raises ``OSError``.
 
-    The read buffer and the newline mask are reused across blocks and calls (see
-    :class:`_Scratch`): the only arrays allocated per call are the row offsets themselves.
+    Reads of :data:`_BLOCK` bytes, each scanned before the next one, on the calling thread:
+    on a cold file this kept up with plain reads of the same size (the kernel's read-ahead
+    overlaps the scan), while a read-ahead thread with two buffers, or larger blocks, lost
+    10-20% (``docs/decisions.md``, "Indexing reads: 1 MiB, one thread"). The read buffer and
+    the newline mask are reused across blocks and calls (see :class:`_Scratch`): the only
+    arrays allocated per call are the row offsets themselves.
     """
-    with open(path, "rb", buffering=0) as fh:
-        if os.fstat(fh.fileno()).st_size <= 2 * _BLOCK:
-            return _scan(fh, lambda scratch: fh.readinto(scratch.data.data))
-        return _scan_overlapped(fh)
-
-
-def _scan(fh: FileIO, read: Callable[[_Scratch], int]) -> np.ndarray:
-    """Read and scan block after block with one buffer (small files)."""
     pieces = [np.zeros(1, dtype=np.int64)]
     pos = 0
     last = 10
-    with _scratch() as scratch:
-        while n := read(scratch):
+    with open(path, "rb", buffering=0) as fh, _scratch() as scratch:
+        while n := fh.readinto(scratch.data.data):
             block = scratch.data[:n]
             pieces.append(scratch.newlines(block, pos))
             last = int(block[-1])
             pos += n
     return _finish_starts(pieces, pos, last)
-
-
-def _scan_overlapped(fh: FileIO) -> np.ndarray:
-    """Scan each block while the next one is being read (two buffers, one reader thread):
-    both the read and the scan release the GIL, so a file is indexed at about the slower of
-    the disk and the scan instead of their sum."""
-    pieces = [np.zeros(1, dtype=np.int64)]
-    pos = 0
-    last = 10
-    with _scratch() as first, _scratch() as second:
-        buffers = (first, second)
-        pending = _reader().submit(fh.readinto, first.data.data)
-        k = 0
-        while n := pending.result():
-            current, following = buffers[k % 2], buffers[(k + 1) % 2]
-            pending = _reader().submit(fh.readinto, following.data.data)
-            block = current.data[:n]
-            pieces.append(current.newlines(block, pos))
-            last = int(block[-1])
-            pos += n
-            k += 1
-    return _finish_starts(pieces, pos, last)
-
-
-_reader_pool: ThreadPoolExecutor | None = None
-
-
-def _reader() -> ThreadPoolExecutor:
-    """The threads that read ahead for :func:`_scan_overlapped` (shared by every scan)."""
-    global _reader_pool
-    with _scratch_lock:
-        if _reader_pool is None:
-            _reader_pool = ThreadPoolExecutor(_READERS, thread_name_prefix="zephon-readahead")
-        return _reader_pool
 
 
 class _Scratch:
@@ -122,7 +80,7 @@ class _Scratch:
         return found
 
 
-_SCRATCH_KEPT = 4  # buffers kept for reuse (an overlapped scan takes two); more are allocated
+_SCRATCH_KEPT = 4  # buffers kept for reuse (one per concurrent scan); more are allocated
 _scratch_pool: list[_Scratch] = []
 _scratch_lock = threading.Lock()
 
