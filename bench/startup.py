@@ -545,7 +545,7 @@ def run(
             log.info("start-up round %d: %s", rnd + 1, case.name)
             runs += run_case(case, support, rnd, order, work_dir)
     log.info("start-up: read rates")
-    rates = read_rates(ref, support, work_dir, rounds=min(rounds, 3))
+    rates = read_rates(ref, support, work_dir, rounds=rounds)
     log.info("start-up: tokens/s from S3 on loopback vs local disk")
     from . import storage_rate
 

@@ -191,7 +191,11 @@ def _allocator_targets(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         worst = max(ratios, key=lambda r: r["value"])
         ok = worst["value"] <= 1.0
         each = ", ".join(f"{r['case']} {r['index']}: {r['value']:.2f}" for r in ratios)
-        shown = f"worst {worst['value']:.2f} ({worst['case']}, {worst['index']} index); {each}"
+        pooled = statistics.geometric_mean([v for r in ratios for v in r["rounds"]])
+        shown = (
+            f"worst {worst['value']:.2f} ({worst['case']}, {worst['index']} index); {each}; "
+            f"every path and round pooled: {pooled:.2f} (geometric mean)"
+        )
         out.append(
             {
                 "label": f"default allocator / --allocator system, time {what}, every path "

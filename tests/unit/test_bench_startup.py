@@ -145,6 +145,7 @@ def test_a_slower_default_allocator_misses_on_the_worst_path():
     assert not ttfb["ok"] and ttfb["verdict"] == "**misses: 1.20 on 100 shards**"
     assert ttfb["shown"].startswith("worst 1.20 (100 shards, n/a index)")
     assert "1,000 shards n/a: 0.50" in ttfb["shown"]
+    assert ttfb["shown"].endswith("pooled: 0.77 (geometric mean)")  # sqrt(1.2 x 0.5)
     assert "to SERVING" in serving["label"]
 
 
