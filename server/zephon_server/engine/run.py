@@ -458,34 +458,38 @@ class PipelineRun:
         )
         stream: Iterator[list[Any]] = iter(source)
         op_index = {id(op): i for i, op in enumerate(plan.ops)}
+        counted, counter = self._promise_counter(targets)
         for stage in plan.stages:
-            drivers = []
+            drivers: list[StepDriver] = []
             for step in stage.steps:
                 ctx = plan.context(step.head, op_index[id(step.head)], extras=extras)
                 acc = step.head.accumulator(deterministic=plan.execution.deterministic, ctx=ctx)
-                drivers.append(StepDriver(step, acc))
+                driver = StepDriver(step, acc)
+                if len(self.drivers) + len(drivers) == counted:  # this step's index overall
+                    driver.counter = counter
+                drivers.append(driver)
             self.drivers.extend(drivers)
             runner = make_runner(stage.runner, drivers, plan, extras)
             self.runners.append(runner)
             stream = runner.run(stream)
-        self._count_promises(targets)
         return stream
 
-    def _count_promises(self, targets: Mapping[int, Any]) -> None:
-        """Count the records entering the plan's conserving tail (:mod:`.lane_promises`) for
-        :attr:`on_promise`, when it is set and the plan has such a tail."""
+    def _promise_counter(
+        self, targets: Mapping[int, Any]
+    ) -> tuple[int | None, Callable[[list[Any]], None] | None]:
+        """The step (index over every stage's steps) whose input is counted for
+        :attr:`on_promise`, and the counter (:mod:`.lane_promises`); ``(None, None)`` when
+        nothing is: no listener, no conserving tail, or no fresh lane (the others replay)."""
         if self.on_promise is None:
-            return
-        found = counting_step([driver.step.ops for driver in self.drivers])
-        if found is None:
-            return
-        index, batch_size = found
+            return None, None
+        found = counting_step([step.ops for stage in self.plan.stages for step in stage.steps])
         fresh = {
             lane: log_.start.next_seq for lane, log_ in self.logs.items() if lane not in targets
         }
-        if fresh:
-            promises = LanePromises(batch_size, fresh, self.on_promise)
-            self.drivers[index].counter = promises.count
+        if found is None or not fresh:
+            return None, None
+        index, batch_size = found
+        return index, LanePromises(batch_size, fresh, self.on_promise).count
 
     def __iter__(self) -> Iterator[NumberedBatch | LaneEnd]:
         items = self._items()
