@@ -30,6 +30,15 @@ def count_batch_tokens(
                 loss_tokens[span.doc.dataset] += span.length
         return
     width = mask.shape[1]
+    datasets_in = {span.doc.dataset for meta in batch.rows for span in meta.spans}
+    if len(datasets_in) == 1:  # the common case: each row's spans are its first tokens
+        (dataset,) = datasets_in
+        used = [sum(span.length for span in meta.spans) for meta in batch.rows]
+        tokens[dataset] += sum(used)
+        loss_tokens[dataset] += sum(
+            int(np.count_nonzero(mask[i, : min(n, width)])) for i, n in enumerate(used)
+        )
+        return
     trained = np.zeros((mask.shape[0], width + 1), dtype=np.int64)
     np.cumsum(mask != 0, axis=1, out=trained[:, 1:])
     rows: list[int] = []
@@ -50,10 +59,6 @@ def count_batch_tokens(
     end = np.minimum(begin + np.asarray(lengths, dtype=np.int64), width)
     at = np.asarray(rows, dtype=np.int64)
     learned = trained[at, end] - trained[at, begin]
-    if len(set(datasets)) == 1:  # the common case: one dataset in the batch
-        tokens[datasets[0]] += sum(lengths)
-        loss_tokens[datasets[0]] += int(learned.sum())
-        return
     which = np.asarray(datasets, dtype=np.int64)
     per_tokens = np.bincount(which, weights=np.asarray(lengths, dtype=np.float64))
     per_trained = np.bincount(which, weights=learned.astype(np.float64))
