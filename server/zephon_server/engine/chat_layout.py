@@ -135,6 +135,8 @@ def _close(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int) -
 
 
 def _common_prefix(a: str, b: str) -> str:
+    if b.startswith(a):  # the usual case: the whole tail is there
+        return a
     n = 0
     for x, y in zip(a, b):
         if x != y:
