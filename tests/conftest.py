@@ -55,6 +55,17 @@ def corpus_specs(corpus_dir):
 
 
 @pytest.fixture(scope="session")
+def larger_specs(tmp_path_factory):
+    """A sample corpus of about four chunks of 256 documents per lane (of four): enough for a
+    lane's first batch to wait for several chunks behind a large shuffle buffer."""
+    from zephon_server.engine.corpus import sample_corpus_specs
+
+    root = tmp_path_factory.mktemp("larger")
+    write_sample_corpus(root, docs_per_dataset=1400, seed=7)
+    return sample_corpus_specs(root)
+
+
+@pytest.fixture(scope="session")
 def stream_config(tmp_path_factory, corpus_dir):
     """The service tests' pipeline over the corpus (4 lanes, pack + shuffle) and a work dir."""
     from zephon_testing.servers import write_config

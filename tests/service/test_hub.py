@@ -13,10 +13,12 @@ import time
 
 import pytest
 
+from tests.support.builders import slow_first_batch_pipeline
 from zephon_server.delivery.acks import AckWindow
 from zephon_server.delivery.hub import EndOfLane, LaneHub
 from zephon_server.delivery.message_planner import Batches, Ended, MessagePlanner, MessagePolicy
 from zephon_server.engine.execution import ExecutionConfig
+from zephon_server.engine.numbered_batch import NumberedBatch
 from zephon_server.engine.pipeline import Pipeline
 
 
@@ -201,3 +203,35 @@ def test_linger_stops_when_the_consumer_closes(gated_hub):
     started = time.monotonic()
     reader.linger(produced + 3, 30.0)
     assert 0.15 < time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_a_common_end_lets_seq_0_out_on_promises_and_the_lanes_stay_the_oracles(
+    larger_specs, runner
+):
+    """``end_of_data: shortest``: the hub hands the lanes' promised batch counts
+    (engine/lane_promises.py) to its frontier, so seq 0 does not wait for every lane's first
+    batch (each needs about three chunks to fill its shuffle); what the readers get is still
+    the inline run's lanes, cut at the same end."""
+    pipe = slow_first_batch_pipeline(larger_specs)
+    expected: dict[int, list[bytes]] = {lane: [] for lane in range(4)}
+    for batch in pipe.run(ExecutionConfig(runner="inline")).batches():
+        expected[batch.lane_id].append(batch.chain_digest)
+    workers = 1 if runner == "inline" else 2
+    hub = LaneHub(pipe, ExecutionConfig(runner=runner, workers=workers), max_ahead=1000)
+    hub.start()
+    try:
+        readers = {lane: hub.open(lane, "r", 0) for lane in range(4)}
+        first = next(readers[0])
+        assert isinstance(first, NumberedBatch) and first.seq == 0
+        promised = {lane: st.promised for lane, st in hub.end_gate.ends._lanes.items()}
+        assert all(n >= 1 for n in promised.values()), promised  # the frontier got them
+        got: dict[int, list[bytes]] = {0: [first.chain_digest], 1: [], 2: [], 3: []}
+        for lane, reader in readers.items():
+            for item in reader:
+                if isinstance(item, EndOfLane):
+                    break
+                got[lane].append(item.chain_digest)
+        assert got == expected
+    finally:
+        hub.stop()

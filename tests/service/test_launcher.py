@@ -111,3 +111,19 @@ def test_the_launcher_mirrors_the_allocator_module():
     assert names == {name: " ".join(libs) for name, (libs, _) in allocator.KNOWN.items()}
     tuning = dict(re.findall(r"\$\{(MIMALLOC_\w+)=([^}]*)\}", text))
     assert tuning == allocator.TUNING["mimalloc"]
+
+
+def test_without_the_program_the_launcher_names_the_fix(tmp_path):
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "zephon").write_text(LAUNCHER.read_text())
+    (alone / "zephon").chmod(0o755)
+    run = subprocess.run(
+        [str(alone / "zephon"), "serve"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert run.returncode == 127
+    assert "zephon-python is neither beside" in run.stderr and "pip install" in run.stderr

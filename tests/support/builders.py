@@ -94,3 +94,11 @@ def make_pipeline(specs, *, lanes=4, chunk_size=32, k=2, seed=1234, ops=None) ->
     for name, params in ops or []:
         pipe.add(name, **params)
     return pipe
+
+
+def slow_first_batch_pipeline(specs) -> Pipeline:
+    """Four lanes whose first batch waits for about three chunks (a 512-row shuffle over
+    ~200 packed rows a chunk) while one chunk promises it one: ``end_of_data: shortest``."""
+    pipe = Pipeline(specs, seed=5, lanes=4, chunk_size=256, end_of_data="shortest")
+    pipe.decode_text().tokenize(tokenizer="byte").pack_flat(max_length=512)
+    return pipe.shuffle(buffer_size=512).batch(microbatch_size=3)

@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 
+from tests.support.builders import slow_first_batch_pipeline
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.lane_ends import DELIVER, WAIT, LaneEnds
 from zephon_server.engine.lane_promises import LanePromises, counting_step
@@ -166,23 +167,11 @@ class OpenGate:
         raise AssertionError("an open gate never waits")
 
 
-@pytest.fixture(scope="module")
-def larger_specs(tmp_path_factory):
-    """A corpus of about four chunks of 256 documents per lane (of four)."""
-    from zephon_server.engine.corpus import sample_corpus_specs, write_sample_corpus
-
-    root = tmp_path_factory.mktemp("larger")
-    write_sample_corpus(root, docs_per_dataset=1400, seed=7)
-    return sample_corpus_specs(root)
-
-
 def test_seq_0_goes_out_before_every_lane_has_produced_a_batch(larger_specs):
     # As in a server (a gate, the end applied on the readers' side): the lanes are fed round
     # robin, and the frontier passes seq 0 once each lane's first chunk promises a batch,
     # while a lane's first batch waits for its shuffle buffer to fill (several chunks).
-    pipe = Pipeline(larger_specs, seed=5, lanes=4, chunk_size=256, end_of_data="shortest")
-    pipe.decode_text().tokenize(tokenizer="byte").pack_flat(max_length=512)
-    pipe.shuffle(buffer_size=512).batch(microbatch_size=3)  # ~200 rows a chunk: 3 chunks
+    pipe = slow_first_batch_pipeline(larger_specs)
     run = PipelineRun(pipe.plan(ExecutionConfig(runner="inline")), gate=OpenGate(), apply_end=False)
     ends = LaneEnds("shortest", {lane: (0, ZERO) for lane in run.lanes})
     run.on_promise = ends.promise
