@@ -1,0 +1,40 @@
+"""The chat benchmark's verdicts (bench/chat_bench.py): a case meets the target on its
+steady-state ratio, and a corpus too small for a steady window says so instead of passing."""
+
+from __future__ import annotations
+
+from bench import chat_bench
+
+BASE = {
+    "shape": "short",
+    "conversations": 48000,
+    "tokenizer": "BPE",
+    "rounds": [0.8, 0.9, 0.85],
+    "whole_run_ratio": 0.7,
+    "alone_tokens_s": 2e6,
+}
+
+
+def rows(**case: object) -> list[str]:
+    result = {"rounds": 3, "cases": [{**BASE, **case}]}
+    return [r for r in chat_bench.markdown(result, "run").split("\n") if r.startswith("| short")]
+
+
+def test_the_reservoir_share_follows_the_corpus_size():
+    tokens = 10_000_000
+    share = chat_bench.reservoir_share(tokens)
+    rows_per_lane = tokens / chat_bench.MAX_LENGTH / chat_bench.LANES
+    assert share == chat_bench.SHUFFLE_ROWS / rows_per_lane
+    assert chat_bench.reservoir_share(2 * tokens) == share / 2
+
+
+def test_the_verdict_is_on_the_steady_ratio_and_shows_the_whole_run():
+    (met,) = rows(ratio=0.85, reservoir_share=0.10)
+    assert "| 0.850 |" in met and "| 0.700 |" in met and met.endswith("| meets |")
+    (missed,) = rows(ratio=0.79, reservoir_share=0.10)
+    assert missed.endswith("| misses |")
+
+
+def test_a_corpus_too_small_for_a_steady_window_is_flagged():
+    (row,) = rows(ratio=0.85, reservoir_share=chat_bench.STEADY_SHARE + 0.01)
+    assert "not steady" in row
