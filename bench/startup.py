@@ -429,7 +429,10 @@ def index_seconds(case: Case, support: Support, work_dir: Path) -> tuple[float, 
 
 
 def read_rates(case: Case, support: Support, work_dir: Path, rounds: int) -> dict[str, Any]:
-    """The disk's sequential read rate and the indexer's on the same dropped files."""
+    """The disk's sequential read rate and the indexer's on the same dropped files, each
+    measured after ``os.sync()``: the cases before this one leave dirty pages (index entries,
+    logs, corpora) whose write-back would otherwise share the disk with whichever read it
+    happens to meet."""
     size = sum(p.stat().st_size for p in case.files)
     first = case.files[:1]
     read_seconds(first, cold=False)
@@ -439,8 +442,10 @@ def read_rates(case: Case, support: Support, work_dir: Path, rounds: int) -> dic
     by_block: dict[int, list[float]] = {block: [] for block in READ_BLOCKS}
     for _ in range(rounds):
         for block in READ_BLOCKS:
+            os.sync()  # no write-back of earlier cases' files competes with the reads
             by_block[block].append(size / read_seconds(case.files, cold=True, block=block))
         disk.append(max(rates[-1] for rates in by_block.values()))
+        os.sync()
         seconds, how, note = index_seconds(case, support, work_dir)
         index.append(size / seconds)
     return {
