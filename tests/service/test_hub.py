@@ -224,7 +224,7 @@ def test_a_common_end_lets_seq_0_out_on_promises_and_the_lanes_stay_the_oracles(
         readers = {lane: hub.open(lane, "r", 0) for lane in range(4)}
         first = next(readers[0])
         assert isinstance(first, NumberedBatch) and first.seq == 0
-        promised = {lane: st.promised for lane, st in hub.end_gate.ends._lanes.items()}
+        promised = hub.end_gate.ends.promises()
         assert all(n >= 1 for n in promised.values()), promised  # the frontier got them
         got: dict[int, list[bytes]] = {0: [first.chain_digest], 1: [], 2: [], 3: []}
         for lane, reader in readers.items():

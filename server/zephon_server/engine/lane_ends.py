@@ -168,6 +168,10 @@ class LaneEnds:
         if batches > st.promised:
             st.promised = batches
 
+    def promises(self) -> dict[int, int]:
+        """Lane -> the batch count promised to it so far (0: nothing promised yet)."""
+        return {lane: st.promised for lane, st in self._lanes.items()}
+
     # -- the frontier ------------------------------------------------------------------------
 
     @property
