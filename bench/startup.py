@@ -429,10 +429,15 @@ def index_seconds(case: Case, support: Support, work_dir: Path) -> tuple[float, 
 
 
 def read_rates(case: Case, support: Support, work_dir: Path, rounds: int) -> dict[str, Any]:
-    """The disk's sequential read rate and the indexer's on the same dropped files, each
-    measured after ``os.sync()``: the cases before this one leave dirty pages (index entries,
-    logs, corpora) whose write-back would otherwise share the disk with whichever read it
-    happens to meet."""
+    """The disk's sequential read rate and the indexer's on the same dropped files.
+
+    Each round reads the files at every size in :data:`READ_BLOCKS` just before and just
+    after the index build, and takes the faster size's mean of the two as that round's disk
+    rate: the disk here drifts by a factor of two within a minute, and one read on one side
+    of the build left each round's ratio to where the drift happened to be. Every read and
+    build comes after ``os.sync()``: the cases before this one leave dirty pages (index
+    entries, logs, corpora) whose write-back would otherwise share the disk with whichever
+    read it happens to meet."""
     size = sum(p.stat().st_size for p in case.files)
     first = case.files[:1]
     read_seconds(first, cold=False)
@@ -440,20 +445,30 @@ def read_rates(case: Case, support: Support, work_dir: Path, rounds: int) -> dic
     cold_s = read_seconds(first, cold=True)
     disk, index, how, note = [], [], "", ""
     by_block: dict[int, list[float]] = {block: [] for block in READ_BLOCKS}
-    for _ in range(rounds):
+
+    def disk_rates() -> dict[int, float]:
+        rates = {}
         for block in READ_BLOCKS:
             os.sync()  # no write-back of earlier cases' files competes with the reads
-            by_block[block].append(size / read_seconds(case.files, cold=True, block=block))
-        disk.append(max(rates[-1] for rates in by_block.values()))
+            rates[block] = size / read_seconds(case.files, cold=True, block=block)
+        return rates
+
+    for _ in range(rounds):
+        before = disk_rates()
         os.sync()
         seconds, how, note = index_seconds(case, support, work_dir)
         index.append(size / seconds)
+        after = disk_rates()
+        for block in READ_BLOCKS:
+            by_block[block].append((before[block] + after[block]) / 2)
+        disk.append(max(rates[-1] for rates in by_block.values()))
     return {
         "files": len(case.files),
         "bytes": size,
         "disk_rate": statistics.median(disk),
         "index_rate": statistics.median(index),
-        # the disk's rate moves a lot between rounds: each round's ratio is taken back to back
+        # the disk's rate moves a lot between rounds: each round's ratio is taken against the
+        # reads just before and after its build
         "ratio": statistics.median(i / d for i, d in zip(index, disk)),
         "disk_rounds": disk,
         "index_rounds": index,

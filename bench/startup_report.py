@@ -277,7 +277,10 @@ def _read_blocks(rate: dict[str, Any]) -> str:
     sizes = " and ".join(
         f"{int(block) >> 20} MiB ({value / 1e6:.0f} MB/s)" for block, value in blocks.items()
     )
-    return f"the faster, in each round, of `readinto` calls of {sizes}"
+    return (
+        f"the faster, in each round, of `readinto` calls of {sizes}, each the mean of a read "
+        "just before and one just after that round's index build"
+    )
 
 
 def replace_section(page: str, section: dict[str, Any], provenance: str) -> str:

@@ -275,4 +275,4 @@ def test_the_read_rate_is_judged_on_per_round_ratios():
     (rate,) = (t for t in found.values() if "read rate" in t["label"])
     assert rate["shown"].startswith("0.78 (") and not rate["ok"]
     text = sr.rate_text(data["index_rate"])
-    assert "1 MiB (520 MB/s) and 16 MiB (480 MB/s)" in text
+    assert "1 MiB (520 MB/s) and 16 MiB (480 MB/s)" in text and "just after" in text

@@ -48,6 +48,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .errors import DataError
+from .line_index import newline_starts
 
 logger = logging.getLogger(__name__)
 
@@ -375,9 +376,8 @@ class SpillSink:
     def _scan(self, data: bytes | memoryview, offset: int) -> None:
         if not len(data):
             return
-        block = np.frombuffer(data, dtype=np.uint8)
-        self.pieces.append(np.flatnonzero(block == 10).astype(np.int64) + (offset + 1))
-        self.last = int(block[-1])
+        self.pieces.append(newline_starts(data, offset))
+        self.last = int(memoryview(data).cast("B")[-1])
 
     def _drop(self, reason: str) -> None:
         self.discard()

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..identity import identity_parts, local_identity, object_identity
+from ..line_index import newline_starts
 from .remote import PART_BYTES
 from .retry import StorageRequestError
 from .store import ObjectInfo, shard_store
@@ -77,8 +78,7 @@ def index_lines(url: str, identity: str) -> np.ndarray:
     last = 10
     for start in range(0, size, PART_BYTES):
         data = store.read_range(key, start, min(PART_BYTES, size - start))
-        block = np.frombuffer(data, dtype=np.uint8)
-        pieces.append(np.flatnonzero(block == 10).astype(np.int64) + (start + 1))
+        pieces.append(newline_starts(data, start))
         last = data[-1]
     if size and last != 10:
         pieces.append(np.array([size + 1], dtype=np.int64))
