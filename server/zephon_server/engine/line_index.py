@@ -91,10 +91,10 @@ class _Scratch:
         The newline mask is searched a 64-bit word at a time: ``np.equal`` and
         ``np.not_equal`` release the GIL, and ``np.flatnonzero`` (which holds it) then walks
         an eighth of the elements; only the words holding a newline are expanded to byte
-        positions. That cut the time a block holds the GIL from about 120 to 30 µs per MiB,
-        so a scan and the reads (or tokenization) on other threads overlap
-        (``docs/decisions.md``, "The newline scan by words"). Dense blocks (a newline in more
-        than a quarter of the words) take the plain byte search, which is then cheaper.
+        positions. That is faster than one ``np.flatnonzero`` over the bytes and holds the GIL
+        for a fraction of the time (measured in ``docs/decisions.md``, "The newline scan by
+        words"). Dense blocks (a newline in more than a quarter of the words) take the plain
+        byte search, which is then cheaper.
         """
         n = len(block)
         mask = self.mask[:n]
