@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -118,9 +119,15 @@ def test_without_the_program_the_launcher_names_the_fix(tmp_path):
     alone.mkdir()
     (alone / "zephon").write_text(LAUNCHER.read_text())
     (alone / "zephon").chmod(0o755)
+    # A PATH with the tools the launcher uses and no zephon-python, even where one is
+    # installed system-wide.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("dirname", "readlink"):
+        (tools / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
     run = subprocess.run(
         [str(alone / "zephon"), "serve"],
-        env={"PATH": "/usr/bin:/bin"},
+        env={"PATH": str(tools)},
         capture_output=True,
         text=True,
         timeout=10,
