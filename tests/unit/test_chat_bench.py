@@ -38,3 +38,20 @@ def test_the_verdict_is_on_the_steady_ratio_and_shows_the_whole_run():
 def test_a_corpus_too_small_for_a_steady_window_is_flagged():
     (row,) = rows(ratio=0.85, reservoir_share=chat_bench.STEADY_SHARE + 0.01)
     assert "not steady" in row
+
+
+def test_the_flush_periods_follow_the_corpus_size():
+    per_lane_before_a_flush = chat_bench.FLUSH_EVERY * chat_bench.CHUNK_SIZE
+    assert chat_bench.flush_periods(chat_bench.LANES * per_lane_before_a_flush) == 0.0
+    period = chat_bench.LANES * per_lane_before_a_flush
+    assert chat_bench.flush_periods(10 * period) == 5.0
+    assert chat_bench.flush_periods(chat_bench.CONVERSATIONS["short"]) >= chat_bench.STEADY_PERIODS
+
+
+def test_a_window_spanning_too_few_flush_periods_is_flagged():
+    (row,) = rows(ratio=0.85, reservoir_share=0.05, flush_periods=1.5)
+    assert "not steady: the window spans 1.5 flush periods" in row
+    (ok,) = rows(ratio=0.85, reservoir_share=0.05, flush_periods=5.9)
+    assert ok.endswith("| meets |") and "| 5.9 |" in ok
+    (none,) = rows(ratio=0.85, reservoir_share=0.05, flush_periods=0.0)
+    assert none.endswith("| meets |")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..json_line import loads_line
 from ..records import SampleRecord
 from .bad_record import describe_exception, on_bad_record
 from .base import OpContext, Operator, OpTraits
@@ -27,7 +28,7 @@ def _text_of(payload: dict[str, Any], field: str) -> tuple[Any, str | None]:
             return None, f"missing text field {field!r} (null value)"
     else:
         try:
-            obj = json.loads(payload["raw"])
+            obj = loads_line(payload["raw"])
         except Exception as exc:  # any failure parsing one record is that record's problem
             return None, _parse_problem(exc)
         if not isinstance(obj, dict):

@@ -26,7 +26,6 @@ masked, all ones (``mask_full``); a ``max_length`` cut that removes every traine
 from __future__ import annotations
 
 import datetime
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ from ..chat_layout import TRAIN_ON, ChatError, check_messages, layout_chat
 from ..chat_skeleton import Skeletons
 from ..chat_template import ChatTemplate, TemplateSource, find_template
 from ..errors import ConfigError, DataError
+from ..json_line import loads_line
 from ..records import SampleRecord, Span
 from ..token_masks import MASK_DTYPE, encode_masks
 from ..token_offsets import byte_ranges
@@ -91,7 +91,7 @@ def _record_object(payload: dict[str, Any]) -> Any:
         if not isinstance(value, str | bytes):
             return value  # e.g. a Parquet list column: the messages themselves
     try:
-        return json.loads(value)
+        return loads_line(value)
     except Exception as exc:  # any failure parsing one record is that record's problem
         raise RecordProblem("malformed", _parse_problem(exc)) from exc
 
