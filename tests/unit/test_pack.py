@@ -552,13 +552,29 @@ def test_padded_fast_path_equals_general_assembly(continue_positions):
             ids = rng.integers(0, 50_000, length).astype(dtype)
             start = int(rng.integers(0, length))
             n = int(rng.integers(1, min(length - start, 200) + 1))
-            pieces.append(({"input_ids": ids}, start, n))
+            payload = {"input_ids": ids}
+            masked = trial % 4  # 0: none; 1: every piece; 2: some; 3: dtypes, lists, labels
+            if masked == 1 or (masked == 2 and rng.random() < 0.5):
+                payload["loss_mask"] = rng.integers(0, 2, length).astype(np.uint8)
+            elif masked == 3:  # mixed dtypes and lists per piece; labels on every piece
+                mask = rng.integers(0, 2, length)
+                kind = int(rng.integers(0, 3))
+                payload["loss_mask"] = (
+                    mask.astype(np.uint8),
+                    mask.astype(np.int64),
+                    mask.astype(np.uint8).tolist(),
+                )[kind]
+                if trial % 8 == 7:
+                    payload["labels"] = rng.integers(-100, 50_000, length)
+            pieces.append((payload, start, n))
         pad_to = sum(n for _, _, n in pieces) + int(rng.integers(0, 20))
         pad_id = int(rng.integers(0, 9))
         fast = pack_module.assemble_row(
             pieces, continue_positions=continue_positions, pad_to=pad_to, pad_id=pad_id
         )
         general = pack_module._assemble(pieces, continue_positions, pad_to, pad_id, "pack_flat")
+        if trial % 4 in (0, 1):  # no carried field, or a uint8 loss_mask on every piece
+            assert pack_module._assemble_padded(pieces, continue_positions, pad_to, pad_id)
         assert list(fast) == list(general)
         for name in general:
             assert fast[name].dtype == general[name].dtype, name

@@ -304,19 +304,36 @@ def _assemble_padded(
     pad_to: int,
     pad_id: int,
 ) -> dict[str, np.ndarray] | None:
-    """:func:`assemble_row` for a padded row without carried fields: each piece is written
-    into the preallocated row tensors (a few slice assignments per piece instead of building,
-    concatenating and then padding whole-row arrays); the tensors are the same. ``None`` when
-    a piece carries a field (the general assembly handles those rows)."""
+    """:func:`assemble_row` for a padded row whose pieces carry no field but, all of them, a
+    ``loss_mask`` of one dtype (``render_chat``'s records) or nothing at all (``tokenize``'s):
+    each piece is written into the preallocated row tensors (a few slice assignments per piece
+    instead of building, concatenating and then padding whole-row arrays); the tensors are
+    the same. ``None`` for any other row (the general assembly handles those)."""
+    head = pieces[0][0].get("loss_mask")
+    mask_dtype = head.dtype if type(head) is np.ndarray else None
     input_ids = np.full(pad_to, pad_id, dtype=np.int32)
     positions = np.zeros(pad_to, dtype=np.int32)
     segment_ids = np.zeros(pad_to, dtype=np.int32)
+    loss_mask = None if mask_dtype is None else np.zeros(pad_to, dtype=mask_dtype)
     end = 0
     for segment, (payload, start, n) in enumerate(pieces, 1):
-        if not _CARRIED.isdisjoint(payload):
-            return None
+        ids = payload["input_ids"]
+        if loss_mask is None:
+            if not _CARRIED.isdisjoint(payload):
+                return None
+        else:
+            mask: Any = payload.get("loss_mask")
+            if (
+                type(mask) is not np.ndarray
+                or mask.dtype != mask_dtype
+                or len(mask) != len(ids)
+                or "labels" in payload
+            ):
+                return None
         begin, end = end, end + n
-        input_ids[begin:end] = payload["input_ids"][start : start + n]
+        input_ids[begin:end] = ids[start : start + n]
+        if loss_mask is not None:
+            loss_mask[begin:end] = mask[start : start + n]
         first = start if continue_positions else 0
         if first + n <= len(_RAMP):
             positions[begin:end] = _RAMP[first : first + n]
@@ -325,12 +342,15 @@ def _assemble_padded(
         segment_ids[begin:end] = segment
     padding_mask = np.zeros(pad_to, dtype=np.bool_)
     padding_mask[:end] = True
-    return {
+    row: dict[str, np.ndarray] = {
         "input_ids": input_ids,
         "positions": positions,
         "segment_ids": segment_ids,
-        "padding_mask": padding_mask,
     }
+    if loss_mask is not None:
+        row["loss_mask"] = loss_mask
+    row["padding_mask"] = padding_mask
+    return row
 
 
 class _PackBase(Operator):
