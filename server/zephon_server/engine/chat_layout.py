@@ -23,9 +23,9 @@ on its content, or rewrites a trained message's content, cannot be attributed: t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .chat_skeleton import Misplaced, Skeletons, cut, place
 from .chat_template import ChatTemplate, ChatTemplateError
@@ -168,11 +168,11 @@ def layout_chat(
         raise ChatError("the conversation contains Zephon's private content marker")
     indices = trained_indices(messages, train_on)
     if skeleton is not None and placed is not None:
-        tails = {i: skeleton.close(i) for i in indices if i != len(messages) - 1}
-        closes = {i: tail for i, tail in tails.items() if tail is not None}
-        if len(closes) == len(tails):
-            contents = {i: placed[i] for i in indices}
-            return _layout(messages, indices, full, contents, closes.__getitem__)
+        last = len(messages) - 1
+        closes = {i: skeleton.close(i) for i in indices if i != last}
+        if None not in closes.values():
+            found = cast(dict[int, str], closes)  # no None among them
+            return _layout(messages, indices, full, placed, found.__getitem__)
     contents = _content_ranges(template, messages, indices, full)
     return _layout(messages, indices, full, contents, lambda i: _close(template, messages, i))
 
@@ -181,7 +181,7 @@ def _layout(
     messages: Sequence[dict[str, Any]],
     indices: list[int],
     full: str,
-    contents: dict[int, tuple[int, int]],
+    contents: Mapping[int, tuple[int, int]] | Sequence[tuple[int, int]],
     close: Callable[[int], str],
 ) -> ChatLayout:
     """The layout from each trained content's range and ``close(i)``, what the template

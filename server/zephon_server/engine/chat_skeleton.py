@@ -31,6 +31,7 @@ from . import chat_budget
 from .chat_template import ChatTemplate, ChatTemplateError
 from .chat_trace import MARKER, Check, Tracer, holds, marker
 
+_ABSENT: Any = object()
 #: Shapes kept per operator (least recently used ones go first).
 MAX_SHAPES = 4096
 #: Largest shape kept, in characters of its roles and non-content fields: a shape carrying long
@@ -41,7 +42,7 @@ MAX_SHAPE_CHARS = 4096
 def shape_of(messages: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     """What a conversation's rendering may depend on besides its contents: the roles, and
     every other field of a message (``name``, ``tool_calls``, ...) in a canonical form."""
-    return tuple(m["role"] if len(m) == 2 else _fields(m) for m in messages)
+    return tuple([m["role"] if len(m) == 2 else _fields(m) for m in messages])
 
 
 def _fields(message: dict[str, Any]) -> str:
@@ -125,10 +126,15 @@ class Skeletons:
         """The skeleton of ``messages``' shape; None when the template does not write every
         content exactly once with markers in place (then nothing is cached but that)."""
         key = shape_of(messages)
-        with self._lock:
-            if key in self._cache:
+        # A hit takes no lock: each OrderedDict call is atomic under the GIL, and a shape
+        # evicted by another thread in between only misses its refresh.
+        found = self._cache.get(key, _ABSENT)
+        if found is not _ABSENT:
+            try:
                 self._cache.move_to_end(key)
-                return self._cache[key]
+            except KeyError:
+                pass
+            return found
         skeleton = _build(self._template, self._tracer, messages)  # the same for every caller
         if sum(len(part) for part in key) > MAX_SHAPE_CHARS:
             return skeleton  # too big to keep (see MAX_SHAPE_CHARS)
