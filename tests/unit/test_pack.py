@@ -540,6 +540,43 @@ def test_golden_pack_flat_without_carried_fields(algorithm):
     assert output_digest(run_op(op, inputs)) == GOLDEN_UNMASKED[algorithm]
 
 
+# pack_flat over records carrying a uint8 loss_mask and nothing else (render_chat's shape):
+# rows take the padded fast path; these digests were computed with the general assembly.
+GOLDEN_LOSS_MASK_ONLY = {
+    "first_fit": "1c2525e5e84d54bdfdcc3bec906c77dabfcee6b541643a06fc02c4673a3918db",
+    "best_fit": "7889c2a7b060725ea15f12b1b8f57b84219dbc5923744b208b3425d75f67b3cf",
+    "wrap": "93e9db8ca7e0c045e073e5a0d077ab0406b60e47b15af24821203c1196c540b6",
+}
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_golden_pack_flat_with_a_loss_mask_only(algorithm, monkeypatch):
+    rng = np.random.default_rng(7)
+    inputs = [
+        r.with_payload(
+            {
+                "input_ids": r.payload["input_ids"],
+                "loss_mask": rng.integers(0, 2, len(r.payload["input_ids"])).astype(np.uint8),
+            }
+        )
+        for r in interleave(
+            tokenized_stream(0, 48, seed=7, max_tokens=50), tokenized_stream(1, 48, seed=7)
+        )
+    ]
+    fast_rows = []
+    real = pack_module._assemble_padded
+
+    def counted(*args):
+        row = real(*args)
+        fast_rows.append(row is not None)
+        return row
+
+    monkeypatch.setattr(pack_module, "_assemble_padded", counted)
+    op = PackFlat(max_length=40, algorithm=algorithm, max_open_bins=4)
+    assert output_digest(run_op(op, inputs)) == GOLDEN_LOSS_MASK_ONLY[algorithm]
+    assert fast_rows and all(fast_rows)  # every row went through the fast path
+
+
 @pytest.mark.parametrize("continue_positions", [False, True])
 def test_padded_fast_path_equals_general_assembly(continue_positions):
     rng = np.random.default_rng(3)

@@ -325,6 +325,7 @@ def _assemble_padded(
             mask: Any = payload.get("loss_mask")
             if (
                 type(mask) is not np.ndarray
+                or mask.ndim != 1
                 or mask.dtype != mask_dtype
                 or len(mask) != len(ids)
                 or "labels" in payload
