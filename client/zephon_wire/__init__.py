@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -98,18 +97,37 @@ def wire_nbytes(wire: WireTensors) -> int:
 
 
 def digest_wire(wire: WireTensors) -> bytes:
-    """The content digest of a wire view (see the module docstring)."""
+    """The content digest of a wire view (see the module docstring).
+
+    The same bytes are hashed as field after field, but joined: every header and every tensor
+    smaller than :data:`_JOINED` go to the hash in one update before the next large tensor's
+    buffer, which is hashed in place (no copy). CPython's ``hashlib`` releases the GIL for
+    each update of an object once one update was large, so hashing a batch field by field
+    handed the GIL to the other threads about 60 times a batch for a few bytes each
+    (``docs/decisions.md``, "Fewer GIL releases per batch").
+    """
     h = hashlib.sha256()
+    joined = bytearray()
     for name, arr in wire:
         dtype = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
-        _field(h, name.encode())
-        _field(h, dtype.str.encode())
-        _field(h, ",".join(str(d) for d in arr.shape).encode())
-        # The array's buffer in place (no copy): the same bytes as tobytes().
-        h.update(struct.pack("<Q", arr.nbytes))
-        if arr.size:
-            h.update(arr.reshape(-1).view(np.uint8).data)
+        for field in (name.encode(), dtype.str.encode(), ",".join(map(str, arr.shape)).encode()):
+            joined += struct.pack("<Q", len(field))
+            joined += field
+        joined += struct.pack("<Q", arr.nbytes)
+        if not arr.size:
+            continue
+        data = arr.reshape(-1).view(np.uint8).data  # the buffer in place: tobytes()'s bytes
+        if arr.nbytes < _JOINED:
+            joined += data
+        else:
+            h.update(joined)
+            joined.clear()
+            h.update(data)
+    h.update(joined)
     return h.digest()
+
+
+_JOINED = 2048  # bytes below which a tensor's data joins the headers (hashlib's GIL threshold)
 
 
 def content_digest(tensors: Mapping[str, np.ndarray]) -> bytes:
@@ -120,8 +138,3 @@ def content_digest(tensors: Mapping[str, np.ndarray]) -> bytes:
 def chain_digest(previous: bytes, content: bytes) -> bytes:
     """The next link of a lane's chain: ``sha256(previous || content)``."""
     return hashlib.sha256(previous + content).digest()
-
-
-def _field(h: Any, data: bytes) -> None:
-    h.update(struct.pack("<Q", len(data)))
-    h.update(data)

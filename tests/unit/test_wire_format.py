@@ -101,3 +101,56 @@ def test_ring_constants_are_defined_once():
     assert client_ring.RING_PREFIX == server_ring.PREFIX == zw.RING_PREFIX
     assert str(server_ring.SHM_DIR) + "/" == zw.RING_DIR
     assert server_ring.NONCE_SIZE == zw.RING_NONCE_SIZE == 16
+
+
+def _field_by_field(tensors: dict[str, np.ndarray]) -> bytes:
+    """The documented definition, one update per field."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        little = arr.astype(arr.dtype.newbyteorder("<")) if arr.dtype.itemsize > 1 else arr
+        shape = ",".join(str(d) for d in arr.shape).encode()
+        for field in (name.encode(), little.dtype.str.encode(), shape, little.tobytes()):
+            h.update(struct.pack("<Q", len(field)) + field)
+    return h.digest()
+
+
+def test_joined_updates_digest_the_same_bytes_at_every_size():
+    """Small tensors join the headers, large ones are hashed in place: the bytes hashed (and so
+    the digest) are those of the field-by-field definition, on both sides of the threshold."""
+    rng = np.random.default_rng(5)
+    sizes = [0, 1, 511, 512, 513, 2047, 2048, 2049, 70_000]
+    for i in range(40):
+        picked = rng.choice(sizes, size=int(rng.integers(1, 7)))
+        tensors = {
+            f"t{k}": rng.integers(0, 255, size=int(n), dtype=np.uint8).view(np.uint8)
+            if k % 3 == 0
+            else rng.integers(-9, 9, size=int(n) // 4, dtype=np.int32)
+            for k, n in enumerate(picked)
+        }
+        assert zw.content_digest(tensors) == _field_by_field(tensors), (i, picked)
+
+
+def test_a_batch_is_hashed_in_few_updates(monkeypatch):
+    """hashlib releases the GIL on every update once one was large: headers and small tensors
+    go in one update before each large tensor, not one update per field."""
+    updates: list[int] = []
+    sha256 = hashlib.sha256
+
+    class Counting:
+        def __init__(self) -> None:
+            self._h = sha256()
+
+        def update(self, data: bytes) -> None:
+            updates.append(len(memoryview(data).cast("B")))
+            self._h.update(data)
+
+        def digest(self) -> bytes:
+            return self._h.digest()
+
+    tensors = {f"small{k}": np.arange(8, dtype=np.int32) for k in range(6)}
+    tensors |= {"big_a": np.zeros((8, 2048), np.int32), "big_b": np.ones((8, 2048), np.int32)}
+    expected = zw.content_digest(tensors)
+    monkeypatch.setattr(zw.hashlib, "sha256", Counting)
+    assert zw.content_digest(tensors) == expected
+    assert len(updates) == 5, updates  # headers+small, big_a, headers, big_b, the rest
