@@ -16,6 +16,11 @@ every steady-state row of ``bench.run``) to the tokenizer's (target ≥ 0.8); th
 (start-up, the fill of 8 lanes' shuffle reservoirs and their drain included) is shown beside it.
 The corpora are large enough for the window to be steady: a lane's reservoir holds at most 15%
 of its rows (checked, as ``bench.cases.steady_valid`` checks the main workload).
+Both run on the memory allocator ``zephon serve`` runs on by default (``--allocator auto``:
+mimalloc when installed, with the server's tuning): the process re-executes itself with it
+preloaded, as the server does; ``--allocator system`` measures glibc malloc instead. The
+allocator changes the ratio: mimalloc makes the tokenizer's own allocations cheaper than the
+pipeline's Python (docs/decisions.md, "The chat figure on the shipped allocator").
 Run with ``python -m bench.chat_bench`` (``--publish`` replaces the "Chat pipeline" section of
 docs/benchmarks.md and nothing else).
 """
@@ -38,6 +43,7 @@ from zephon_server.engine.chat_corpus import (
 from zephon_server.engine.chat_template import ChatTemplate, find_template
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
+from zephon_server.runtime import ALLOCATOR_CHOICES, allocator
 
 from .common import RESULTS, load_tok, machine, tokenizer_only_rate
 from .measure import steady_rate
@@ -239,7 +245,13 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
                     "chat_tokens_s": statistics.median(chat),
                 }
             )
-    return {"machine": machine(), "rounds": rounds, "quick": quick, "cases": cases}
+    return {
+        "machine": machine(),
+        "allocator": allocator.current_name(),
+        "rounds": rounds,
+        "quick": quick,
+        "cases": cases,
+    }
 
 
 def markdown(result: dict[str, Any], provenance: str) -> str:
@@ -247,6 +259,8 @@ def markdown(result: dict[str, Any], provenance: str) -> str:
         SECTION,
         "",
         provenance,
+        "",
+        f"Memory allocator: {allocator_words(result.get('allocator', 'glibc'))}.",
         "",
         "Tokens/s of the chat pipeline (`render_chat` → `pack_flat` 2,048 with `emit_labels` and "
         "`emit_cu_seqlens` → `shuffle` → `batch` 8, threads x2, in-process) over tokens/s of its "
@@ -280,6 +294,13 @@ def markdown(result: dict[str, Any], provenance: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+def allocator_words(name: str) -> str:
+    """The markdown's words for the allocator a run measured."""
+    if name == "glibc":
+        return "glibc malloc (`--allocator system`; `zephon serve` runs on mimalloc when installed)"
+    return f"{name}, preloaded with the server's tuning, as `zephon serve` runs by default"
+
+
 def replace_section(page: str, section: str) -> str:
     """``page`` with its chat section replaced (added before ``## Other figures`` if absent)."""
     lines = page.split("\n")
@@ -297,15 +318,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a quarter of the conversations")
     parser.add_argument("--publish", action="store_true", help="update docs/benchmarks.md")
+    parser.add_argument(
+        "--allocator",
+        choices=ALLOCATOR_CHOICES,
+        default="auto",
+        help="the memory allocator to measure on, as zephon serve's flag (default: auto, the "
+        "server's default; the process re-executes itself to preload it)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # Run on the allocator the server would (re-executing this command line to preload it);
+    # called as a function (tests), the process is not re-executed.
+    allocator.ensure_allocator(args.allocator, sys.orig_argv if argv is None else None)
     runtime().apply()  # the process tuning `zephon serve` runs with (the threads run here)
     result = run(args.rounds, args.quick)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "chat.json").write_text(json.dumps(result, indent=1) + "\n")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     provenance = (
-        f"`python -m bench.chat_bench --rounds {args.rounds}` on {stamp}, {result['machine']}."
+        f"`python -m bench.chat_bench --rounds {args.rounds}"
+        + (f" --allocator {args.allocator}" if args.allocator != "auto" else "")
+        + f"` on {stamp}, {result['machine']}."
     )
     text = markdown(result, provenance)
     print(text)

@@ -55,3 +55,32 @@ def test_a_window_spanning_too_few_flush_periods_is_flagged():
     assert ok.endswith("| meets |") and "| 5.9 |" in ok
     (none,) = rows(ratio=0.85, reservoir_share=0.05, flush_periods=0.0)
     assert none.endswith("| meets |")
+
+
+def test_the_section_names_the_allocator_it_measured():
+    """The ratio depends on the allocator (mimalloc speeds the tokenizer up more than the
+    pipeline's Python): the section says which one the figures ran on."""
+    case = {**BASE, "ratio": 0.85, "reservoir_share": 0.05, "flush_periods": 6.0}
+    result = {"rounds": 3, "cases": [case], "allocator": "mimalloc"}
+    text = chat_bench.markdown(result, "run")
+    assert "Memory allocator: mimalloc, preloaded with the server's tuning" in text
+    glibc = chat_bench.markdown({**result, "allocator": "glibc"}, "run")
+    assert "Memory allocator: glibc malloc (`--allocator system`" in glibc
+
+
+def test_the_benchmark_runs_on_the_servers_default_allocator(monkeypatch):
+    """``main`` asks for the allocator as ``zephon serve`` does: re-executing the command line
+    only when run as a program (``argv`` None), never inside a test process."""
+    calls = []
+
+    def fake_ensure(choice, exec_argv):
+        calls.append((choice, exec_argv))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(chat_bench.allocator, "ensure_allocator", fake_ensure)
+    for argv in ([], ["--allocator", "system"]):
+        try:
+            chat_bench.main(argv)
+        except SystemExit:
+            pass
+    assert calls == [("auto", None), ("system", None)]
