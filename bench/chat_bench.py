@@ -20,7 +20,8 @@ Both run on the memory allocator ``zephon serve`` runs on by default (``--alloca
 mimalloc when installed, with the server's tuning): the process re-executes itself with it
 preloaded, as the server does; ``--allocator system`` measures glibc malloc instead. The
 allocator changes the ratio: mimalloc makes the tokenizer's own allocations cheaper than the
-pipeline's Python (docs/decisions.md, "The chat figure on the shipped allocator").
+pipeline's Python (docs/decisions.md,
+"The chat figure on the shipped allocator; fewer GIL releases per batch").
 Run with ``python -m bench.chat_bench`` (``--publish`` replaces the "Chat pipeline" section of
 docs/benchmarks.md and nothing else).
 """

@@ -104,7 +104,8 @@ def digest_wire(wire: WireTensors) -> bytes:
     buffer, which is hashed in place (no copy). CPython's ``hashlib`` releases the GIL for
     each update of an object once one update was large, so hashing a batch field by field
     handed the GIL to the other threads about 60 times a batch for a few bytes each
-    (``docs/decisions.md``, "Fewer GIL releases per batch").
+    (``docs/decisions.md``, "The chat figure on the shipped allocator; fewer GIL releases per
+    batch").
     """
     h = hashlib.sha256()
     joined = bytearray()
