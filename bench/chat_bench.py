@@ -298,7 +298,10 @@ def markdown(result: dict[str, Any], provenance: str) -> str:
 def allocator_words(name: str) -> str:
     """The markdown's words for the allocator a run measured."""
     if name == "glibc":
-        return "glibc malloc (`--allocator system`; `zephon serve` runs on mimalloc when installed)"
+        return (
+            "glibc malloc (`--allocator system`, or no mimalloc installed; `zephon serve` "
+            "preloads mimalloc when it is installed)"
+        )
     return f"{name}, preloaded with the server's tuning, as `zephon serve` runs by default"
 
 

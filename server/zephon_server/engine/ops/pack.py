@@ -294,6 +294,7 @@ def _carried(
 
 
 _CARRIED = frozenset(CARRIED_FIELDS)
+_CARRIED_BESIDE_MASK = _CARRIED - {"loss_mask"}  # a masked piece with any of these: general path
 _RAMP = np.arange(1 << 16, dtype=np.int32)
 """Positions ``0, 1, 2, ...`` sliced by :func:`_assemble_padded` (longer runs use ``arange``)."""
 
@@ -328,7 +329,7 @@ def _assemble_padded(
                 or mask.ndim != 1
                 or mask.dtype != mask_dtype
                 or len(mask) != len(ids)
-                or "labels" in payload
+                or not _CARRIED_BESIDE_MASK.isdisjoint(payload)
             ):
                 return None
         begin, end = end, end + n
