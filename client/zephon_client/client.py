@@ -147,6 +147,27 @@ class _Pending:
     run: _Run
 
 
+def _server_addresses(address: str | Sequence[str]) -> list[str]:
+    """The server addresses given, one or several, none twice (ValueError otherwise)."""
+    addresses = [address] if isinstance(address, str) else list(address)
+    if not addresses:
+        raise ValueError("DataClient needs at least one server address")
+    if len(set(addresses)) != len(addresses):
+        raise ValueError(f"duplicate server addresses in {addresses}")
+    return addresses
+
+
+def _batches_per_message(value: Any) -> int:
+    """``batches_per_message`` checked: an integer of at least 1 (ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"batches_per_message must be an integer, got {value!r}")
+    if value < 1:
+        raise ValueError(
+            f"batches_per_message must be at least 1 (1: one batch per message), got {value}"
+        )
+    return value
+
+
 class DataClient:
     """Streams one trainer rank's lanes from one or several Zephon servers.
 
@@ -198,11 +219,7 @@ class DataClient:
         shared_memory: bool = True,
         channel_options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
     ) -> None:
-        addresses = [address] if isinstance(address, str) else list(address)
-        if not addresses:
-            raise ValueError("DataClient needs at least one server address")
-        if len(set(addresses)) != len(addresses):
-            raise ValueError(f"duplicate server addresses in {addresses}")
+        addresses = _server_addresses(address)
         self.rank = rank
         self.world_size = world_size
         self.consumer = consumer if consumer is not None else f"rank{rank}"
@@ -210,14 +227,7 @@ class DataClient:
         self.reconnect_timeout = float(reconnect_timeout)
         self.rpc_timeout = rpc_timeout
         self.prefetch = prefetch
-        if isinstance(batches_per_message, bool) or not isinstance(batches_per_message, int):
-            raise ValueError(f"batches_per_message must be an integer, got {batches_per_message!r}")
-        if batches_per_message < 1:
-            raise ValueError(
-                f"batches_per_message must be at least 1 (1: one batch per message), "
-                f"got {batches_per_message}"
-            )
-        self.batches_per_message = batches_per_message
+        self.batches_per_message = _batches_per_message(batches_per_message)
         self.shared_memory = bool(shared_memory)
         self._metadata = auth_metadata(auth_token)
         self._lock = threading.RLock()
@@ -228,21 +238,7 @@ class DataClient:
         self._ends: dict[int, LaneEnd] = {}
         self._endpoints = [Endpoint(a, tls=tls, options=channel_options) for a in addresses]
         try:
-            for endpoint in self._endpoints:
-                endpoint.info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
-            self._check_servers()
-            info = self._endpoints[0].info
-            self._identity = PipelineIdentity.of(info)
-            self._num_lanes = self._identity.num_lanes
-            self._fingerprint = self._identity.fingerprint
-            self._lanes = lanes_for_rank(
-                rank,
-                world_size,
-                self._num_lanes,
-                data_parallel_size=data_parallel_size,
-                interleaved=interleaved,
-            )
-            self._routes = {lane: self._route(lane) for lane in self._lanes}
+            self._connect(data_parallel_size, interleaved)
         except BaseException:
             for endpoint in self._endpoints:
                 endpoint.close()
@@ -262,6 +258,24 @@ class DataClient:
             ", ".join(addresses),
             self._positions,
         )
+
+    def _connect(self, data_parallel_size: int | None, interleaved: bool) -> None:
+        """Ask every server for its info, check they serve one pipeline, and route this
+        rank's lanes to the servers that serve them."""
+        for endpoint in self._endpoints:
+            endpoint.info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
+        self._check_servers()
+        self._identity = PipelineIdentity.of(self._endpoints[0].info)
+        self._num_lanes = self._identity.num_lanes
+        self._fingerprint = self._identity.fingerprint
+        self._lanes = lanes_for_rank(
+            self.rank,
+            self.world_size,
+            self._num_lanes,
+            data_parallel_size=data_parallel_size,
+            interleaved=interleaved,
+        )
+        self._routes = {lane: self._route(lane) for lane in self._lanes}
 
     # -- description ---------------------------------------------------------------------------
 

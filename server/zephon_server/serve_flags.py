@@ -110,7 +110,17 @@ def runtime_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Runt
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``zephon serve`` (binding names)."""
+    """The flags of ``zephon serve`` (binding names), in the order ``--help`` lists them."""
+    _add_listen_arguments(p)
+    _add_state_arguments(p)
+    _add_delivery_arguments(p)
+    _add_access_arguments(p)
+    _add_process_arguments(p)
+    _add_signing_and_budget_arguments(p)
+
+
+def _add_listen_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the server listens: gRPC and Prometheus."""
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
     p.add_argument(
@@ -120,6 +130,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="serve Prometheus /metrics on this port (default: off)",
     )
     add_metrics_arguments(p)
+
+
+def _add_state_arguments(p: argparse.ArgumentParser) -> None:
+    """Checkpoints, the replay cache and what a start resumes from."""
     p.add_argument("--state-dir", default=None, help="directory for checkpoints")
     p.add_argument(
         "--keep-checkpoints",
@@ -148,6 +162,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "a start-up failure when every one is refused), 'latest-or-fresh' (also fresh when "
         "every one is refused), a checkpoint id from --state-dir, or a checkpoint file",
     )
+
+
+def _add_delivery_arguments(p: argparse.ArgumentParser) -> None:
+    """Lanes served, streams, how far lanes run ahead, message grouping, draining."""
     p.add_argument(
         "--lanes", default=None, help="serve only these lanes, e.g. 0-3 (lane-sharded servers)"
     )
@@ -184,6 +202,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds to finish open streams after SIGTERM",
     )
+
+
+def _add_access_arguments(p: argparse.ArgumentParser) -> None:
+    """TLS, the bearer token, and the port file for whoever starts the server."""
     p.add_argument("--tls-cert", help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", help="server private key (PEM)")
     p.add_argument("--tls-client-ca", help="CA bundle for client certificates (mutual TLS)")
@@ -193,6 +215,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help=f"require 'authorization: Bearer <token>' (or set {AUTH_TOKEN_ENV})",
     )
     p.add_argument("--port-file", default=None, help="write the bound gRPC port to this file")
+
+
+def _add_process_arguments(p: argparse.ArgumentParser) -> None:
+    """The memory allocator and the runtime's tuning."""
     p.add_argument(
         "--allocator",
         default=None,
@@ -202,6 +228,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "malloc; or the path of a shared library",
     )
     add_runtime_arguments(p)
+
+
+def _add_signing_and_budget_arguments(p: argparse.ArgumentParser) -> None:
+    """Checkpoint signing, the replay cache's disk budget and the replays at once."""
     p.add_argument(
         "--checkpoint-key-file",
         default=None,

@@ -119,126 +119,142 @@ class EngineCollector(Collector):
         self.hub = hub
 
     def collect(self) -> Iterator[Any]:
-        hub = self.hub
-        run = hub.run
-        stats = hub.stats()
-        lag = GaugeMetricFamily(
-            "zephon_consumer_lag_batches",
-            "Batches produced but not yet acknowledged, per lane",
-            labels=["lane"],
-        )
-        buffered = GaugeMetricFamily(
-            "zephon_lane_buffered_batches", "Batches held in a lane's output log", labels=["lane"]
-        )
-        produced = CounterMetricFamily(
-            "zephon_lane_batches_produced",
-            "Batches produced per lane (absolute seq)",
-            labels=["lane"],
-        )
-        consumers = GaugeMetricFamily(
-            "zephon_lane_consumers", "Open streams registered on a lane", labels=["lane"]
-        )
-        for lane, st in stats["lanes"].items():
-            lag.add_metric([str(lane)], st["produced"] - st["acked"])
-            buffered.add_metric([str(lane)], st["buffered"])
-            produced.add_metric([str(lane)], st["produced"])
-            consumers.add_metric([str(lane)], st["consumers"])
-        yield lag
-        yield buffered
-        yield produced
-        yield consumers
+        run = self.hub.run
+        stats = self.hub.stats()
+        yield from _lane_metrics(stats)
         yield from _flow_metrics(stats)
         if run is None:
             return
-        stalled = GaugeMetricFamily(
-            "zephon_stalled_sentinels",
-            "Flush sentinels currently held back (stalled lanes)",
-            labels=["op"],
-        )
-        stall_time = CounterMetricFamily(
-            "zephon_stall_seconds", "Time lanes spent stalled at a sentinel", labels=["op"]
-        )
-        stalls = CounterMetricFamily(
-            "zephon_sentinels_stalled", "Sentinels that had to be held back", labels=["op"]
-        )
-        depth = GaugeMetricFamily(
-            "zephon_reorder_buffer_depth",
-            "Completed micro-batches held back for order",
-            labels=["op"],
-        )
-        max_depth = GaugeMetricFamily(
-            "zephon_reorder_buffer_max_depth", "Largest reorder-buffer depth seen", labels=["op"]
-        )
-        for driver in run.drivers:
-            name = driver.step.name
-            stalled.add_metric([name], driver.stalled_lanes)
-            stall_time.add_metric([name], driver.stalled_seconds)
-            stalls.add_metric([name], driver.sentinels_stalled_total)
-        for runner in run.runners:
-            for name, (current, most) in runner.reorder_stats().items():
-                depth.add_metric([name], current)
-                max_depth.add_metric([name], most)
-        yield stalled
-        yield stall_time
-        yield stalls
-        yield depth
-        yield max_depth
-        queues = GaugeMetricFamily(
-            "zephon_queue_depth", "Item lists waiting between steps", labels=["queue"]
-        )
-        for stage, runner in enumerate(run.runners):
-            for name, size in runner.queue_depths().items():
-                queues.add_metric([f"stage{stage}:{name}"], size)
-        yield queues
-        op_time = HistogramMetricFamily(
-            "zephon_op_seconds", "Worker time per micro-batch, per step", labels=["op"]
-        )
-        for driver in run.drivers:
-            buckets, total = driver.step.timing.snapshot()
-            op_time.add_metric([driver.step.name], buckets, total)
-        yield op_time
-        run_stats = stats["run"]
-        replayed = CounterMetricFamily(
-            "zephon_replayed_records", "Records dropped by the replay filter after a resume"
-        )
-        replayed.add_metric([], run_stats.get("replayed", 0))
-        yield replayed
-        skipped = CounterMetricFamily(
-            "zephon_records_skipped",
-            "Records skipped under on_error: skip (malformed, read_error, tokenize_error, "
-            "too_large, chat_error, mask_empty, mask_full, mask_truncated)",
-            labels=["dataset"],
-        )
-        for dataset, n in run_stats.get("skipped", {}).items():
-            skipped.add_metric([dataset], n)
-        yield skipped
-        dropped = CounterMetricFamily(
-            "zephon_records_dropped",
-            "Records closed without tokens, by dataset and reason (malformed, read_error, "
-            "tokenize_error, too_large, chat_error, mask_empty, mask_full, mask_truncated, "
-            "empty, filtered, oversized, dropped_last...)",
-            labels=["dataset", "reason"],
-        )
-        for (dataset, reason), n in sorted(dict(run.tombstones).items()):
-            dropped.add_metric([dataset, reason], n)
-        yield dropped
-        share = GaugeMetricFamily(
-            "zephon_dataset_token_share", "Share of produced tokens per dataset", labels=["dataset"]
-        )
-        target = GaugeMetricFamily(
-            "zephon_dataset_target_share",
-            "Configured mixture share per dataset",
-            labels=["dataset"],
-        )
-        datasets = run.plan.datasets
-        total_w = sum(d.spec.weight for d in datasets)
-        shares = run.dataset_token_shares()
-        for d in datasets:
-            target.add_metric([d.spec.name], d.spec.weight / total_w)
-            share.add_metric([d.spec.name], shares.get(d.spec.name, 0.0))
-        yield share
-        yield target
+        yield from _step_metrics(run)
+        yield from _record_metrics(run, stats["run"])
+        yield from _mixture_metrics(run)
         yield from _dataset_token_metrics(run)
+
+
+def _lane_metrics(stats: dict[str, Any]) -> Iterator[Any]:
+    """Per lane: consumer lag, batches buffered and produced, open streams."""
+    lag = GaugeMetricFamily(
+        "zephon_consumer_lag_batches",
+        "Batches produced but not yet acknowledged, per lane",
+        labels=["lane"],
+    )
+    buffered = GaugeMetricFamily(
+        "zephon_lane_buffered_batches", "Batches held in a lane's output log", labels=["lane"]
+    )
+    produced = CounterMetricFamily(
+        "zephon_lane_batches_produced",
+        "Batches produced per lane (absolute seq)",
+        labels=["lane"],
+    )
+    consumers = GaugeMetricFamily(
+        "zephon_lane_consumers", "Open streams registered on a lane", labels=["lane"]
+    )
+    for lane, st in stats["lanes"].items():
+        lag.add_metric([str(lane)], st["produced"] - st["acked"])
+        buffered.add_metric([str(lane)], st["buffered"])
+        produced.add_metric([str(lane)], st["produced"])
+        consumers.add_metric([str(lane)], st["consumers"])
+    yield from (lag, buffered, produced, consumers)
+
+
+def _step_metrics(run: Any) -> Iterator[Any]:
+    """Per step: stalled sentinels, reorder buffers, queues between steps, worker time."""
+    stalled = GaugeMetricFamily(
+        "zephon_stalled_sentinels",
+        "Flush sentinels currently held back (stalled lanes)",
+        labels=["op"],
+    )
+    stall_time = CounterMetricFamily(
+        "zephon_stall_seconds", "Time lanes spent stalled at a sentinel", labels=["op"]
+    )
+    stalls = CounterMetricFamily(
+        "zephon_sentinels_stalled", "Sentinels that had to be held back", labels=["op"]
+    )
+    for driver in run.drivers:
+        name = driver.step.name
+        stalled.add_metric([name], driver.stalled_lanes)
+        stall_time.add_metric([name], driver.stalled_seconds)
+        stalls.add_metric([name], driver.sentinels_stalled_total)
+    yield from (stalled, stall_time, stalls)
+    yield from _reorder_metrics(run)
+    queues = GaugeMetricFamily(
+        "zephon_queue_depth", "Item lists waiting between steps", labels=["queue"]
+    )
+    for stage, runner in enumerate(run.runners):
+        for name, size in runner.queue_depths().items():
+            queues.add_metric([f"stage{stage}:{name}"], size)
+    yield queues
+    op_time = HistogramMetricFamily(
+        "zephon_op_seconds", "Worker time per micro-batch, per step", labels=["op"]
+    )
+    for driver in run.drivers:
+        buckets, total = driver.step.timing.snapshot()
+        op_time.add_metric([driver.step.name], buckets, total)
+    yield op_time
+
+
+def _reorder_metrics(run: Any) -> Iterator[Any]:
+    """Per step: completed micro-batches held back for order, now and at most."""
+    depth = GaugeMetricFamily(
+        "zephon_reorder_buffer_depth",
+        "Completed micro-batches held back for order",
+        labels=["op"],
+    )
+    max_depth = GaugeMetricFamily(
+        "zephon_reorder_buffer_max_depth", "Largest reorder-buffer depth seen", labels=["op"]
+    )
+    for runner in run.runners:
+        for name, (current, most) in runner.reorder_stats().items():
+            depth.add_metric([name], current)
+            max_depth.add_metric([name], most)
+    yield from (depth, max_depth)
+
+
+def _record_metrics(run: Any, run_stats: dict[str, Any]) -> Iterator[Any]:
+    """Records replayed after a resume, skipped under ``on_error: skip``, and dropped."""
+    replayed = CounterMetricFamily(
+        "zephon_replayed_records", "Records dropped by the replay filter after a resume"
+    )
+    replayed.add_metric([], run_stats.get("replayed", 0))
+    yield replayed
+    skipped = CounterMetricFamily(
+        "zephon_records_skipped",
+        "Records skipped under on_error: skip (malformed, read_error, tokenize_error, "
+        "too_large, chat_error, mask_empty, mask_full, mask_truncated)",
+        labels=["dataset"],
+    )
+    for dataset, n in run_stats.get("skipped", {}).items():
+        skipped.add_metric([dataset], n)
+    yield skipped
+    dropped = CounterMetricFamily(
+        "zephon_records_dropped",
+        "Records closed without tokens, by dataset and reason (malformed, read_error, "
+        "tokenize_error, too_large, chat_error, mask_empty, mask_full, mask_truncated, "
+        "empty, filtered, oversized, dropped_last...)",
+        labels=["dataset", "reason"],
+    )
+    for (dataset, reason), n in sorted(dict(run.tombstones).items()):
+        dropped.add_metric([dataset, reason], n)
+    yield dropped
+
+
+def _mixture_metrics(run: Any) -> Iterator[Any]:
+    """Per dataset: the share of produced tokens and the configured share."""
+    share = GaugeMetricFamily(
+        "zephon_dataset_token_share", "Share of produced tokens per dataset", labels=["dataset"]
+    )
+    target = GaugeMetricFamily(
+        "zephon_dataset_target_share",
+        "Configured mixture share per dataset",
+        labels=["dataset"],
+    )
+    datasets = run.plan.datasets
+    total_w = sum(d.spec.weight for d in datasets)
+    shares = run.dataset_token_shares()
+    for d in datasets:
+        target.add_metric([d.spec.name], d.spec.weight / total_w)
+        share.add_metric([d.spec.name], shares.get(d.spec.name, 0.0))
+    yield from (share, target)
 
 
 #: Tombstone reasons starting with this are loss-mask errors (a record with nothing to learn,
