@@ -71,13 +71,8 @@ def tail(
     channel = make_channel(address, tls=tls)
     stream: LaneStream | None = None
     aio_channel: Any = None
-    printed = 0
     try:
-        stub = pb_grpc.DataServiceStub(channel)
-        try:
-            info = stub.GetInfo(pb.GetInfoRequest(), timeout=timeout or 30.0, metadata=metadata)
-        except grpc.RpcError as error:
-            raise ZephonClientError.from_rpc_error(error, address=address) from None
+        info = _server_info(channel, address, timeout, metadata)
         detokenize = _detokenizer(info.tokenizer) if decode else None
         aio_channel = make_aio_channel(address, tls=tls)
         stream = LaneStream(
@@ -90,30 +85,7 @@ def tail(
             verify=verify,
             metadata=metadata,
         )
-        while count is None or printed < count:
-            item = stream.get(timeout=timeout)
-            if item.kind == "batch":
-                assert item.batch is not None
-                print_batch(item.batch, out, detokenize=detokenize, max_chars=max_chars)
-                printed += 1
-                stream.ack(item.batch.seq + 1)
-            elif item.kind == "end":
-                assert item.end is not None
-                print(end_line(decode_end(lane, item.end)), file=out)
-                break
-            elif isinstance(item.error, grpc.RpcError):
-                raise ZephonClientError.from_rpc_error(
-                    item.error, lane=lane, address=address
-                ) from None
-            elif item.error is not None:
-                raise item.error
-            else:
-                raise ZephonClientError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "the server ended the call without EndOfStream",
-                    lane=lane,
-                    address=address,
-                )
+        printed = _print_stream(stream, lane, address, count, out, detokenize, max_chars, timeout)
         out.flush()
         return printed
     finally:
@@ -122,6 +94,53 @@ def tail(
         if aio_channel is not None:
             close_aio_channel(aio_channel)
         channel.close()
+
+
+def _server_info(channel: Any, address: str, timeout: float | None, metadata: Any) -> Any:
+    """The server's ``GetInfo`` answer (:class:`ZephonClientError` when the call fails)."""
+    stub = pb_grpc.DataServiceStub(channel)
+    try:
+        return stub.GetInfo(pb.GetInfoRequest(), timeout=timeout or 30.0, metadata=metadata)
+    except grpc.RpcError as error:
+        raise ZephonClientError.from_rpc_error(error, address=address) from None
+
+
+def _print_stream(
+    stream: LaneStream,
+    lane: int,
+    address: str,
+    count: int | None,
+    out: TextIO,
+    detokenize: Any,
+    max_chars: int | None,
+    timeout: float | None,
+) -> int:
+    """Print the stream's batches (acknowledging each) until ``count`` or its end; the
+    number printed."""
+    printed = 0
+    while count is None or printed < count:
+        item = stream.get(timeout=timeout)
+        if item.kind == "batch":
+            assert item.batch is not None
+            print_batch(item.batch, out, detokenize=detokenize, max_chars=max_chars)
+            printed += 1
+            stream.ack(item.batch.seq + 1)
+        elif item.kind == "end":
+            assert item.end is not None
+            print(end_line(decode_end(lane, item.end)), file=out)
+            break
+        elif isinstance(item.error, grpc.RpcError):
+            raise ZephonClientError.from_rpc_error(item.error, lane=lane, address=address) from None
+        elif item.error is not None:
+            raise item.error
+        else:
+            raise ZephonClientError(
+                grpc.StatusCode.UNAVAILABLE,
+                "the server ended the call without EndOfStream",
+                lane=lane,
+                address=address,
+            )
+    return printed
 
 
 def print_batch(

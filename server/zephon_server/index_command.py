@@ -26,8 +26,11 @@ from typing import TYPE_CHECKING
 from .engine.errors import ZephonError
 
 if TYPE_CHECKING:
-    from .engine.index_builder import ShardJob
+    from .engine.execution import ExecutionConfig
+    from .engine.index_builder import BuildReport, ShardJob
+    from .engine.index_dir import IndexDir
     from .engine.shard_index import ShardIndex
+    from .engine.shards import ShardCache
 
 DEFAULT_PROGRESS_INTERVAL = 10.0
 
@@ -78,17 +81,41 @@ def add_index_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_index(args: argparse.Namespace) -> int:
     """Build every dataset's index entries and catalog; prints one summary line."""
     from .engine.index_budget import enforce
-    from .engine.index_builder import build_index, list_jobs
-    from .engine.index_dir import NONE, location_write_problem, open_index_dir
+    from .engine.index_builder import list_jobs
     from .engine.shard_index import ShardIndex
     from .engine.shards import ShardCache
     from .pipeline_flags import load_pipeline, tuned_runtime
-    from .progress import ProgressBar, human_bytes
+    from .progress import human_bytes
 
     interval = args.progress_interval
     if not interval >= 0:
         raise ZephonError(f"--progress-interval must be >= 0 seconds, got {interval!r}")
     pipeline, execution = load_pipeline(args, tuned_runtime())
+    store = _writable_store(execution)
+    datasets = list_jobs(pipeline.datasets, pipeline.base_dir)
+    cache = ShardCache(index=ShardIndex(store), max_open_indexes=0)
+    if args.prune:
+        return _prune(cache.index, datasets)
+    workers = default_workers() if args.index_workers is None else args.index_workers
+    report = _build_with_progress(datasets, cache, workers, interval)
+    rate = report.bytes_built / max(report.seconds, 1e-9)
+    print(
+        f"indexed {report.shards} shards of {report.datasets} dataset(s) in {store.root}: "
+        f"{report.built} built, {report.reused} already indexed; {report.rows} rows, "
+        f"{human_bytes(report.bytes_total)} ({human_bytes(report.bytes_built)} read) in "
+        f"{report.seconds:.2f} s ({rate / 1e6:.1f} MB/s)"
+    )
+    pruned = enforce(cache.index)
+    if pruned is not None and pruned.bytes_removed:
+        print(pruned.summary())
+    return 0
+
+
+def _writable_store(execution: ExecutionConfig) -> IndexDir:
+    """The index directory ``zephon index`` builds in, opened, its leftover temporary files
+    swept (:class:`ZephonError` when there is none to build in or it cannot be written)."""
+    from .engine.index_dir import NONE, location_write_problem, open_index_dir
+
     where = execution.index_dir
     if where is None or where == NONE:
         raise ZephonError(
@@ -106,11 +133,17 @@ def cmd_index(args: argparse.Namespace) -> int:
     )
     assert store is not None
     store.sweep_temporary()
-    datasets = list_jobs(pipeline.datasets, pipeline.base_dir)
+    return store
+
+
+def _build_with_progress(
+    datasets: Sequence[Sequence[ShardJob]], cache: ShardCache, workers: int, interval: float
+) -> BuildReport:
+    """Build the entries of every shard listed, a progress bar on stderr; the build report."""
+    from .engine.index_builder import build_index
+    from .progress import ProgressBar
+
     jobs = [job for listing in datasets for job in listing]
-    cache = ShardCache(index=ShardIndex(store), max_open_indexes=0)
-    if args.prune:
-        return _prune(cache.index, datasets)
     bar = ProgressBar(
         "index",
         "shards",
@@ -121,25 +154,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         interval=interval,
     ).start()
     try:
-        report = build_index(
-            datasets,
-            cache,
-            default_workers() if args.index_workers is None else args.index_workers,
-            on_shard=lambda job, built: bar.advance(job.size, built),
+        return build_index(
+            datasets, cache, workers, on_shard=lambda job, built: bar.advance(job.size, built)
         )
     finally:
         bar.close()
-    rate = report.bytes_built / max(report.seconds, 1e-9)
-    print(
-        f"indexed {report.shards} shards of {report.datasets} dataset(s) in {store.root}: "
-        f"{report.built} built, {report.reused} already indexed; {report.rows} rows, "
-        f"{human_bytes(report.bytes_total)} ({human_bytes(report.bytes_built)} read) in "
-        f"{report.seconds:.2f} s ({rate / 1e6:.1f} MB/s)"
-    )
-    pruned = enforce(cache.index)
-    if pruned is not None and pruned.bytes_removed:
-        print(pruned.summary())
-    return 0
 
 
 def _prune(index: ShardIndex, datasets: Sequence[Sequence[ShardJob]]) -> int:
