@@ -149,6 +149,47 @@ def _credentials(tls: TlsFiles | None) -> grpc.ServerCredentials | None:
     )
 
 
+def _grpc_server(token: str | None, max_streams: int, receive_max_bytes: int) -> grpc.Server:
+    """The gRPC server: auth (with a token) then malformed-request interceptors, threads and
+    concurrent calls sized for ``max_streams``, keepalive, and no shared port."""
+    interceptors: list[grpc.ServerInterceptor] = [TokenAuthInterceptor(token)] if token else []
+    interceptors.append(MalformedRequestInterceptor())  # after auth: no one else gets here
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_streams + 32, thread_name_prefix="zephon-rpc"),
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_send_message_length", 256 << 20),
+            # The largest legitimate request is a Resume with checkpoint bytes (limits.py)
+            ("grpc.max_receive_message_length", receive_max_bytes),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.ping_timeout_ms", 10_000),  # what gRPC times pings out by
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            # Without this a second server on a busy port binds it too, and the kernel
+            # shares the connections between both.
+            ("grpc.so_reuseport", 0),
+        ],
+        maximum_concurrent_rpcs=max_streams + 64,
+    )
+
+
+def _add_services(
+    server: grpc.Server, service: DataService, health_servicer: health.HealthServicer
+) -> None:
+    """DataService, health and reflection (of those two and itself) on ``server``."""
+    add_to_server(service, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+
+
 def _bind(server: grpc.Server, host: str, port: int, creds: grpc.ServerCredentials | None) -> int:
     """Bind ``host:port``; the bound port. Why it cannot be bound is checked first, so the
     error names the cause (a port in use, a host name that does not resolve...)."""
@@ -202,39 +243,10 @@ class Server:
             ring_mib=delivery.ring_mib,
         )
         self.health = health.HealthServicer()
-        token = listen.auth_token
-        interceptors: list[grpc.ServerInterceptor] = [TokenAuthInterceptor(token)] if token else []
-        interceptors.append(MalformedRequestInterceptor())  # after auth: no one else gets here
-        self.grpc = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=delivery.max_streams + 32, thread_name_prefix="zephon-rpc"
-            ),
-            interceptors=interceptors,
-            options=[
-                ("grpc.max_send_message_length", 256 << 20),
-                # The largest legitimate request is a Resume with checkpoint bytes (limits.py)
-                ("grpc.max_receive_message_length", self.service.limits.receive_max_bytes),
-                ("grpc.keepalive_time_ms", 20_000),
-                ("grpc.keepalive_timeout_ms", 10_000),
-                ("grpc.http2.ping_timeout_ms", 10_000),  # what gRPC times pings out by
-                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                # Without this a second server on a busy port binds it too, and the kernel
-                # shares the connections between both.
-                ("grpc.so_reuseport", 0),
-            ],
-            maximum_concurrent_rpcs=delivery.max_streams + 64,
+        self.grpc = _grpc_server(
+            listen.auth_token, delivery.max_streams, self.service.limits.receive_max_bytes
         )
-        add_to_server(self.service, self.grpc)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.grpc,
-        )
+        _add_services(self.grpc, self.service, self.health)
         self.port = _bind(self.grpc, listen.host, listen.port, creds)
         self._stopped = threading.Event()
         self._drain_lock = threading.Lock()
