@@ -76,3 +76,17 @@ def test_non_deterministic_mode_still_delivers_everything_once(corpus_specs):
         ExecutionConfig(runner="threads", workers=3, deterministic=False)
     )
     assert_closed_exactly_once(run)
+
+
+def test_a_run_of_a_lane_that_does_not_exist_names_the_lanes_there_are(corpus_specs):
+    from zephon_server.engine.errors import ConfigError
+
+    pipe = make_pipeline(corpus_specs, ops=[], k=2).batch(microbatch_size=4)
+    n = pipe.lanes
+    with pytest.raises(ConfigError, match=rf"lane {n} does not exist; lanes are 0\.\.{n - 1}"):
+        pipe.run(ExecutionConfig(runner="inline"), lanes=[0, n])
+    run = pipe.run(ExecutionConfig(runner="inline"), lanes=[1, 0, 1])
+    try:
+        assert run.lanes == [0, 1]
+    finally:
+        run.close()

@@ -136,6 +136,18 @@ class EndOfLane:
         return cls(log.next_seq, log.chain, tuple(log.tail_tombstones))
 
 
+def _run_lanes(lanes: Sequence[int] | None, resume: ResumeState | None, n: int) -> list[int]:
+    """The lanes a run serves, ascending: those given, else the resumed ones, else all
+    ``n`` (:class:`ConfigError` for a lane that does not exist)."""
+    if lanes is None:
+        lanes = sorted(resume.lanes) if resume is not None else range(n)
+    chosen = sorted(set(lanes))
+    for lane in chosen:
+        if not 0 <= lane < n:
+            raise ConfigError(f"lane {lane} does not exist; lanes are 0..{n - 1}")
+    return chosen
+
+
 class PipelineRun:
     """One execution of a plan over a set of lanes; iterate for batches and lane ends.
 
@@ -173,13 +185,7 @@ class PipelineRun:
     ) -> None:
         self.plan = plan
         p = plan.pipeline
-        n = p.lanes
-        if lanes is None:
-            lanes = sorted(resume.lanes) if resume is not None else range(n)
-        self.lanes = sorted(set(lanes))
-        for lane in self.lanes:
-            if not 0 <= lane < n:
-                raise ConfigError(f"lane {lane} does not exist; lanes are 0..{n - 1}")
+        self.lanes = _run_lanes(lanes, resume, p.lanes)
         self.work_source = WorkSource(
             plan.datasets, seed=p.seed, lanes=p.lanes, chunk_size=p.chunk_size
         )
