@@ -87,6 +87,60 @@ def test_a_text_whose_tokens_do_not_tile_it_falls_back_to_the_tokenizers_offsets
     assert [m.tolist() for _, m in encode_masks(tok, batch, ranges)] == per_text(tok, batch, ranges)
 
 
+def counted(tok) -> dict[str, int]:
+    """Counts of the Hugging Face tokenizer's encodes: without offsets, and with them."""
+    calls = {"encode": 0, "offsets": 0}
+    encode, offsets = tok._encode, tok._tokenizer_offsets
+
+    def counted_encode(*args, **kwargs):
+        calls["encode"] += 1
+        return encode(*args, **kwargs)
+
+    def counted_offsets(*args, **kwargs):
+        calls["offsets"] += 1
+        return offsets(*args, **kwargs)
+
+    tok._encode, tok._tokenizer_offsets = counted_encode, counted_offsets
+    return calls
+
+
+NOT_NFC = ["plain text", "Cafe\u0301 au lait", "cafe\u0301 東京 and more"]
+
+
+def test_a_text_not_in_nfc_is_tokenized_once_by_a_tokenizer_without_a_normalizer(tmp_path):
+    # Without a normalizer a byte-level BPE's tokens are the text's bytes, NFC or not: the
+    # batched masks hold for a decomposed "é" and nothing is tokenized a second time.
+    path = tmp_path / "bpe.json"
+    path.write_text(trained_tokenizer_json())
+    tok = HFTokenizer(str(path))
+    assert tok.byte_lengths is not None and not tok.lengths_need_nfc
+    ranges = [byte_ranges(t, [(0, 4), (6, 9)]) for t in NOT_NFC]
+    ids = tok.encode_batch(NOT_NFC)
+    assert all(m is not None for m in tiled_masks(ids, NOT_NFC, ranges, tok.byte_lengths, False))
+    assert tiled_masks(ids, NOT_NFC, ranges, tok.byte_lengths, True)[1] is None
+    calls = counted(tok)
+    got = encode_masks(tok, NOT_NFC, ranges)
+    assert calls == {"encode": 1, "offsets": 0}
+    # the tokenizer's own character offsets, an independent account of the same tokens
+    reference = [
+        token_mask(offsets, r).tolist()
+        for (_, offsets), r in zip(tok._tokenizer_offsets(NOT_NFC), ranges)
+    ]
+    assert [m.tolist() for _, m in got] == reference
+
+
+def test_a_text_not_in_nfc_costs_an_nfc_tokenizer_one_more_encode_with_offsets():
+    if not QWEN3.exists():
+        pytest.fail(f"{QWEN3} is missing: run `make tokenizers` (`make test` does)")
+    tok = HFTokenizer(str(QWEN3))
+    assert tok.lengths_need_nfc
+    ranges = [byte_ranges(t, [(0, 4), (6, 9)]) for t in NOT_NFC]
+    calls = counted(tok)
+    got = encode_masks(tok, NOT_NFC, ranges)
+    assert calls == {"encode": 1, "offsets": 2}  # the batch, then each text not in NFC alone
+    assert [m.tolist() for _, m in got] == per_text(tok, NOT_NFC, ranges)
+
+
 def test_a_tokenizer_without_byte_lengths_masks_each_text_from_its_offsets(tmp_path):
     from tokenizers import Tokenizer, pre_tokenizers
 

@@ -8,14 +8,16 @@ For a tokenizer whose tokens tile the text (:mod:`.token_offsets`: a byte-level 
 byte tokenizer) :func:`encode_masks` does a whole micro-batch at once, without per-token
 offsets: the texts' tokens laid end to end have non-decreasing starts and ends, so the tokens
 a range covers are one run, found by binary search, and the runs of every range of every text
-are marked together. A text whose tokens do not tile it (its lengths do not add up, or it is
-not in NFC) falls back to the tokenizer's offsets and :func:`token_mask`. Both give exactly
+are marked together. A text whose tokens do not tile it (its lengths do not add up, or the
+tokenizer normalises to NFC and the text is not in NFC) falls back to the tokenizer's offsets
+and :func:`token_mask`; without a normalizer, any text's tokens tile it. Both give exactly
 the same masks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -51,7 +53,7 @@ def encode_masks(
             for (ids, offsets), r in zip(tokenizer.encode_offsets(texts), ranges)
         ]
     ids = tokenizer.encode_batch(texts)
-    masks = tiled_masks(ids, texts, ranges, table)
+    masks = tiled_masks(ids, texts, ranges, table, getattr(tokenizer, "lengths_need_nfc", True))
     out = []
     for i, mask in enumerate(masks):
         if mask is None:  # the tokens do not tile this text: the tokenizer's offsets
@@ -63,10 +65,14 @@ def encode_masks(
 
 
 def tiled_masks(
-    ids: Sequence[np.ndarray], texts: Sequence[str], ranges: Sequence[Ranges], table: np.ndarray
+    ids: Sequence[np.ndarray],
+    texts: Sequence[str],
+    ranges: Sequence[Ranges],
+    table: np.ndarray,
+    nfc: bool = True,
 ) -> list[np.ndarray | None]:
-    """The mask of each text whose tokens tile it (bytes per id in ``table``), None for the
-    others (module docstring)."""
+    """The mask of each text whose tokens tile it (bytes per id in ``table``; ``nfc``: only
+    texts already in NFC can), None for the others (module docstring)."""
     n = len(ids)
     if not n:
         return []
@@ -77,7 +83,7 @@ def tiled_masks(
     bounds = np.zeros(len(lengths) + 1, dtype=np.int64)  # bounds[k]: byte where token k starts
     np.cumsum(lengths, out=bounds[1:])
     base = bounds[firsts]  # byte where each text starts, texts laid end to end
-    sizes = np.fromiter(map(tiled_size, texts), dtype=np.int64, count=n)
+    sizes = np.fromiter(map(tiled_size, texts, repeat(nfc, n)), dtype=np.int64, count=n)
     tiles = (base[1:] - base[:-1]) == sizes
     lows, highs, owners = [], [], []
     for i in np.flatnonzero(tiles).tolist():

@@ -46,13 +46,26 @@ def _byte_level_pretokenizer(spec: Any) -> bool:
 NFC = {"type": "NFC"}
 
 
-def byte_length_table(tokenizer_json: str, tokenizer: Any) -> np.ndarray | None:
-    """Bytes per token id of a byte-level BPE tokenizer, or None when offsets cannot be
-    derived from ids (another model or pre-tokenizer, a normalizer other than NFC, a
-    non-byte vocabulary)."""
+def tokenizer_spec(tokenizer_json: str) -> dict[str, Any] | None:
+    """A ``tokenizer.json`` parsed, or None when it is not a JSON object."""
     try:
         spec = json.loads(tokenizer_json)
     except ValueError:
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
+def normalizes_nfc(spec: dict[str, Any] | None) -> bool:
+    """Whether the tokenizer normalises to NFC: its tokens then stand for a text's bytes only
+    when the text is already in NFC. Without a normalizer they always do."""
+    return spec is None or spec.get("normalizer") == NFC
+
+
+def byte_length_table(spec: dict[str, Any] | None, tokenizer: Any) -> np.ndarray | None:
+    """Bytes per token id of a byte-level BPE tokenizer (``spec``: its parsed
+    ``tokenizer.json``), or None when offsets cannot be derived from ids (another model or
+    pre-tokenizer, a normalizer other than NFC, a non-byte vocabulary)."""
+    if spec is None:
         return None
     model = spec.get("model") or {}
     if spec.get("normalizer") not in (None, NFC) or model.get("type") != "BPE":
@@ -76,22 +89,24 @@ def byte_length_table(tokenizer_json: str, tokenizer: Any) -> np.ndarray | None:
     return table
 
 
-def tiled_size(text: str) -> int:
+def tiled_size(text: str, nfc: bool = True) -> int:
     """The bytes ``text``'s tokens add up to when they tile it: its UTF-8 length, or -1 (no
-    tokens add up to it) for a text an NFC normalizer would change, whose tokens then do not
-    stand for its bytes."""
+    tokens add up to it) for a text the tokenizer's NFC normalizer (``nfc``) would change,
+    whose tokens then do not stand for its bytes."""
     if text.isascii():
         return len(text)
-    if not unicodedata.is_normalized("NFC", text):
+    if nfc and not unicodedata.is_normalized("NFC", text):
         return -1
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def offsets_from_lengths(ids: np.ndarray, table: np.ndarray, text: str) -> np.ndarray | None:
+def offsets_from_lengths(
+    ids: np.ndarray, table: np.ndarray, text: str, nfc: bool = True
+) -> np.ndarray | None:
     """Byte offsets ``[n, 2]`` of ``ids`` from their lengths, or None when the lengths do not
     add up to :func:`tiled_size` (the tokens then do not tile the text)."""
     ends = np.cumsum(table[ids])
-    if (int(ends[-1]) if len(ends) else 0) != tiled_size(text):
+    if (int(ends[-1]) if len(ends) else 0) != tiled_size(text, nfc):
         return None
     out = np.empty((len(ids), 2), dtype=np.int64)
     out[:, 1] = ends

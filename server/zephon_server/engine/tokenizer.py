@@ -19,7 +19,14 @@ from typing import Protocol
 import numpy as np
 
 from .errors import ConfigError
-from .token_offsets import byte_length_table, char_to_byte_offsets, offsets_from_lengths
+from .token_offsets import (
+    byte_length_table,
+    char_to_byte_offsets,
+    normalizes_nfc,
+    offsets_from_lengths,
+    tiled_size,
+    tokenizer_spec,
+)
 
 _ID_DTYPE = np.int32
 
@@ -54,6 +61,8 @@ class Tokenizer(Protocol):
     #: Bytes per id when a text's tokens are its UTF-8 bytes cut in order (offsets then
     #: follow from the ids, see :mod:`.token_offsets`); None for other tokenizers.
     byte_lengths: np.ndarray | None
+    #: Whether ``byte_lengths`` hold only for texts already in NFC (an NFC normalizer).
+    lengths_need_nfc: bool
 
 
 class ByteTokenizer:
@@ -66,6 +75,7 @@ class ByteTokenizer:
     eos_id = 257
     pad_id = 258
     byte_lengths: np.ndarray | None = np.ones(vocab_size, dtype=np.int64)  # tokens tile
+    lengths_need_nfc = False  # the bytes of any text
 
     def encode_batch(
         self, texts: Sequence[str], *, prefix: Sequence[int] = (), suffix: Sequence[int] = ()
@@ -141,7 +151,9 @@ class HFTokenizer:
         # the same ids for less work (the measured gain is in docs/decisions.md).
         self._encode = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.byte_lengths: np.ndarray | None = byte_length_table(self._json, self._tok)
+        spec = tokenizer_spec(self._json)
+        self.byte_lengths: np.ndarray | None = byte_length_table(spec, self._tok)
+        self.lengths_need_nfc = normalizes_nfc(spec)
         self.bos_id = self._special(bos_token, ("<s>", "<|begin_of_text|>", "[BOS]", "<bos>"))
         self.eos_id = self._special(eos_token, ("</s>", "<|endoftext|>", "[EOS]", "<eos>"))
         pad = self._special(pad_token, ("<pad>", "[PAD]", "<|pad|>"))
@@ -179,15 +191,21 @@ class HFTokenizer:
     def encode_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Offsets from token byte lengths for byte-level BPE tokenizers (no offsets to
         compute, see :mod:`.token_offsets`), else from the tokenizer's character offsets."""
-        if self.byte_lengths is None:
+        lengths, nfc = self.byte_lengths, self.lengths_need_nfc
+        if lengths is None:
             return self._tokenizer_offsets(texts)
+        tiles = [tiled_size(text, nfc) >= 0 for text in texts]  # else: straight to offsets
+        tiling = [t for t, ok in zip(texts, tiles) if ok]
+        encoded = iter(self._encode(tiling, add_special_tokens=False) if tiling else ())
         out: list[tuple[np.ndarray, np.ndarray]] = []
-        for text, e in zip(texts, self._encode(list(texts), add_special_tokens=False)):
-            ids = np.asarray(e.ids, dtype=_ID_DTYPE)
-            offsets = offsets_from_lengths(ids, self.byte_lengths, text)
-            out.append(
-                (ids, offsets) if offsets is not None else self._tokenizer_offsets([text])[0]
-            )
+        for text, ok in zip(texts, tiles):
+            if ok:
+                ids = np.asarray(next(encoded).ids, dtype=_ID_DTYPE)
+                offsets = offsets_from_lengths(ids, lengths, text, nfc)
+                if offsets is not None:
+                    out.append((ids, offsets))
+                    continue
+            out.append(self._tokenizer_offsets([text])[0])
         return out
 
     def _tokenizer_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
