@@ -405,6 +405,12 @@ def _flow_metrics(stats: dict[str, Any]) -> Iterator[Any]:
     yield held
     yield not_kept
     yield cut
+    yield _common_end(stats)
+    yield from _replay_metrics(stats.get("replays", {}))
+
+
+def _common_end(stats: dict[str, Any]) -> GaugeMetricFamily:
+    """The seq every lane ends at under ``end_of_data: shortest`` (-1 while unknown)."""
     end = (stats.get("end_of_data") or {}).get("end")
     common = GaugeMetricFamily(
         "zephon_lanes_common_end",
@@ -412,8 +418,11 @@ def _flow_metrics(stats: dict[str, Any]) -> Iterator[Any]:
         "know it; -1 before, and with end_of_data: longest or an endless stream",
     )
     common.add_metric([], -1 if end is None else end)
-    yield common
-    replays = stats.get("replays", {})
+    return common
+
+
+def _replay_metrics(replays: dict[str, int]) -> Iterator[Any]:
+    """Replays running, their readers, replays started and streams refused one."""
     running = GaugeMetricFamily(
         "zephon_replays_running", "Replays regenerating older batches of a lane right now"
     )
