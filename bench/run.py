@@ -54,6 +54,7 @@ from .cases import (
 )
 from .common import RESULTS, compile_sources
 from .service import checkpoint_rpc
+from .tables import duration, verdict
 from .workload import TOKENIZER_SAMPLE, VOCAB_SIZE, Workload, prepare
 
 log = logging.getLogger("bench")
@@ -133,7 +134,7 @@ def _ratio_row(
         row["shown"] += " [rounds: " + ", ".join(f"{v:.2f}" for v in known) + "]"
     if r.target is not None:
         # "x% below" targets are judged in percentage points.
-        row["ok"], row["verdict"] = report.verdict(value, r.target, ">=", points=r.style == "below")
+        row["ok"], row["verdict"] = verdict(value, r.target, ">=", points=r.style == "below")
     return row
 
 
@@ -158,7 +159,7 @@ def _figure(
         "note": note,
     }
     if target is not None:
-        row["ok"], row["verdict"] = report.verdict(value, target, kind, points)
+        row["ok"], row["verdict"] = verdict(value, target, kind, points)
     return row
 
 
@@ -170,7 +171,17 @@ def figures(
     rpc: dict[str, Any] | None,
 ) -> list[dict[str, Any]]:
     """The latency, memory and checkpoint figures."""
-    mb = 1024 * 1024
+    return [
+        *_ttfb_figures(runs),
+        *_memory_figures(runs, long),
+        *_checkpoint_targets(resume, rpc),
+        *_checkpoint_latencies(resume, rpc),
+        *_resume_figures(resume),
+    ]
+
+
+def _ttfb_figures(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Time to first batch in-process (threads x2, processes x2) and via the service."""
     out = []
     for key, what in (("engine_threads_2", "threads x2"), ("engine_processes_2", "processes x2")):
         if runs.get(key):
@@ -180,7 +191,7 @@ def figures(
                     f"ttfb_{key}",
                     f"time to first batch, in-process {what}",
                     ttfb,
-                    report._s(ttfb),
+                    duration(ttfb),
                     note="from constructing the run (plan compiled) to its first batch",
                 )
             )
@@ -191,12 +202,21 @@ def figures(
                 "ttfb_service",
                 "time to first batch via the service (server process start → client)",
                 r["ttfb"],
-                report._s(r["ttfb"]),
+                duration(r["ttfb"]),
                 note="server start-up (imports, dataset indexing, plan) "
-                f"{report._s(r['server_start'])}, then "
-                f"{report._s(r['ttfb_from_run_start'])} to the first batch",
+                f"{duration(r['server_start'])}, then "
+                f"{duration(r['ttfb_from_run_start'])} to the first batch",
             )
         )
+    return out
+
+
+def _memory_figures(
+    runs: dict[str, list[dict[str, Any]]], long: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """RSS growth and peak over the long run, and the server's peak RSS in the service runs."""
+    mb = 1024 * 1024
+    out = []
     if long:
         out.append(
             _figure(
@@ -233,6 +253,15 @@ def figures(
                 note="sampled every 100 ms",
             )
         )
+    return out
+
+
+def _checkpoint_targets(
+    resume: dict[str, Any] | None, rpc: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The checkpoint and resume figures that have targets: size per lane (engine, RPC) and
+    resume to first batch."""
+    out = []
     if resume:
         out.append(
             _figure(
@@ -264,21 +293,29 @@ def figures(
                 f"resume to first batch ({resume['lanes']} lanes, {resume['k']} chunks of "
                 f"{resume['chunk_size']} documents per epoch, checkpoint mid-epoch)",
                 resume["resume_ttfb"],
-                report._s(resume["resume_ttfb"]),
+                duration(resume["resume_ttfb"]),
                 1.0,
                 "<=",
                 "≤ 1 s",
             )
         )
+    return out
+
+
+def _checkpoint_latencies(
+    resume: dict[str, Any] | None, rpc: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Checkpoint latency through the Checkpoint RPC and in-process."""
+    out = []
     if rpc:
         out.append(
             _figure(
                 "checkpoint_latency_rpc",
                 "checkpoint latency, Checkpoint RPC round trip (median of 10)",
                 rpc["latency_median"],
-                report._s(rpc["latency_median"]),
+                duration(rpc["latency_median"]),
                 note=f"persisted atomically in the state directory; slowest "
-                f"{report._s(rpc['latency_max'])}",
+                f"{duration(rpc['latency_max'])}",
             )
         )
     if resume:
@@ -287,60 +324,67 @@ def figures(
                 "checkpoint_latency_engine",
                 "checkpoint latency in-process, checkpoint() + encode() (median of 10)",
                 resume["checkpoint_latency"],
-                report._s(resume["checkpoint_latency"]),
-            )
-        )
-        out.append(
-            _figure(
-                "records_replayed",
-                "records replayed on resume (packed rows dropped by the replay filter)",
-                resume["replayed"],
-                f"{resume['replayed']} ({resume['lanes']} lanes); "
-                f"{resume['replayed_one_lane']} (one lane)",
-                note=f"bounded by {resume['k']} chunks per lane; "
-                f"{'exact' if resume['exact'] else 'NOT exact'}: each lane resumed at its "
-                "checkpointed seq",
-            )
-        )
-        out.append(
-            _figure(
-                "resume_every_lane",
-                "resume until every lane delivered a batch",
-                resume["resume_every_lane"],
-                report._s(resume["resume_every_lane"]),
-            )
-        )
-        out.append(
-            _figure(
-                "resume_one_lane",
-                "resume to first batch, one lane only",
-                resume["resume_ttfb_one_lane"],
-                report._s(resume["resume_ttfb_one_lane"]),
-            )
-        )
-        if "resume_ttfb_uncached" in resume:
-            cache = resume.get("replay_cache") or {}
-            out.append(
-                _figure(
-                    "resume_uncached",
-                    "resume without the replay cache: first batch / every lane",
-                    resume["resume_ttfb_uncached"],
-                    f"{report._s(resume['resume_ttfb_uncached'])} / "
-                    f"{report._s(resume['resume_every_lane_uncached'])}",
-                    note="every replayed document tokenized again; with the cache "
-                    f"{cache.get('hits', 0):,} documents were read back and "
-                    f"{cache.get('misses', 0):,} tokenized",
-                )
-            )
-        out.append(
-            _figure(
-                "fresh_ttfb_resume_geometry",
-                "fresh start to first batch, same geometry (for comparison)",
-                resume["fresh_ttfb"],
-                report._s(resume["fresh_ttfb"]),
+                duration(resume["checkpoint_latency"]),
             )
         )
     return out
+
+
+def _resume_figures(resume: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The resume figures without targets: records replayed, every lane, one lane, without
+    the replay cache, and a fresh start for comparison."""
+    if not resume:
+        return []
+    return [
+        _figure(
+            "records_replayed",
+            "records replayed on resume (packed rows dropped by the replay filter)",
+            resume["replayed"],
+            f"{resume['replayed']} ({resume['lanes']} lanes); "
+            f"{resume['replayed_one_lane']} (one lane)",
+            note=f"bounded by {resume['k']} chunks per lane; "
+            f"{'exact' if resume['exact'] else 'NOT exact'}: each lane resumed at its "
+            "checkpointed seq",
+        ),
+        _figure(
+            "resume_every_lane",
+            "resume until every lane delivered a batch",
+            resume["resume_every_lane"],
+            duration(resume["resume_every_lane"]),
+        ),
+        _figure(
+            "resume_one_lane",
+            "resume to first batch, one lane only",
+            resume["resume_ttfb_one_lane"],
+            duration(resume["resume_ttfb_one_lane"]),
+        ),
+        *_uncached_figure(resume),
+        _figure(
+            "fresh_ttfb_resume_geometry",
+            "fresh start to first batch, same geometry (for comparison)",
+            resume["fresh_ttfb"],
+            duration(resume["fresh_ttfb"]),
+        ),
+    ]
+
+
+def _uncached_figure(resume: dict[str, Any]) -> list[dict[str, Any]]:
+    """Resume without the replay cache (none in results taken before it was measured)."""
+    if "resume_ttfb_uncached" not in resume:
+        return []
+    cache = resume.get("replay_cache") or {}
+    return [
+        _figure(
+            "resume_uncached",
+            "resume without the replay cache: first batch / every lane",
+            resume["resume_ttfb_uncached"],
+            f"{duration(resume['resume_ttfb_uncached'])} / "
+            f"{duration(resume['resume_every_lane_uncached'])}",
+            note="every replayed document tokenized again; with the cache "
+            f"{cache.get('hits', 0):,} documents were read back and "
+            f"{cache.get('misses', 0):,} tokenized",
+        )
+    ]
 
 
 # -- machine ----------------------------------------------------------------------------------
@@ -387,6 +431,12 @@ def command_line(argv: list[str]) -> str:
 
 
 def method(work: Workload, repeat: int) -> list[str]:
+    """The Method section's items: how each figure is taken."""
+    return _method_runs(work) + _method_ratios(work, repeat)
+
+
+def _method_runs(work: Workload) -> list[str]:
+    """How a throughput row runs: the fixed work, timing, Ray, tokenizer-only, service."""
     return [
         f"Each throughput row runs in a fresh process and delivers the same fixed work, the "
         f"first {work.chunks_per_lane} chunks of every lane (`PipelineRun(max_chunks_per_lane="
@@ -416,6 +466,12 @@ def method(work: Workload, repeat: int) -> list[str]:
         "shared_memory=True)`, `--shm-ring-mib 64`) they read the tensor bytes through "
         "shared-memory rings and the messages carry the rest; the row marked `--shm-ring-mib 0` "
         "sends the bytes in the gRPC messages, as for clients on other hosts.",
+    ]
+
+
+def _method_ratios(work: Workload, repeat: int) -> list[str]:
+    """How the rounds, ratios, long run and resume are taken."""
+    return [
         f"Every configuration is measured {repeat} times, in {repeat} rounds that each run "
         "every configuration once, every other round in reverse order. Within a round the two "
         "sides of each target ratio run back to back (`bench.cases.ROUND_ORDER`), so each "
@@ -449,8 +505,8 @@ def method(work: Workload, repeat: int) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command's options (``--quick`` caps the corpus, the work and the resume chunks)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument("--docs", type=int, default=200_000, help="corpus size (documents)")
     parser.add_argument("--mean-words", type=int, default=250, help="mean words per document")
@@ -484,20 +540,21 @@ def main(argv: list[str] | None = None) -> int:
         args.docs = min(args.docs, 9000)
         args.token_budget = min(args.token_budget, 1.5e6)
         args.resume_chunk_size = min(args.resume_chunk_size, 128)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    # SIGTERM unwinds like Ctrl-C, so every child process is stopped by the finally blocks.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return args
 
-    started = time.time()
-    compile_sources()  # the servers and clients it starts import compiled modules
+
+def preload_allocator() -> dict[str, str]:
+    """Make every child run with the allocator ``zephon serve`` picks (the glibc cases remove
+    it) and the settings serve gives it (the trainer clients too); those settings."""
     if ALLOCATOR and ALLOCATOR not in os.environ.get("LD_PRELOAD", ""):
-        # Every child runs with the allocator `zephon serve` picks (the glibc cases remove it).
         os.environ["LD_PRELOAD"] = ":".join(filter(None, [ALLOCATOR, os.environ.get("LD_PRELOAD")]))
-    # ...and with the settings serve gives it (the trainer clients too).
     allocator_env = allocator.TUNING.get(allocator.name_of(ALLOCATOR), {}) if ALLOCATOR else {}
     os.environ.update(allocator.tuned_environ(allocator.name_of(ALLOCATOR), os.environ))
-    mach = machine()
-    work_dir = RESULTS / "run"
+    return allocator_env
+
+
+def prepare_workload(args: argparse.Namespace, work_dir: Path) -> Workload:
+    """The corpus, tokenizer and fixed work in a fresh ``work_dir`` (``workload.json`` too)."""
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     log.info("preparing the workload (%d documents)", args.docs)
@@ -519,13 +576,24 @@ def main(argv: list[str] | None = None) -> int:
         work.fixed_docs,
         work.fixed_docs * work.tokens_per_doc / 1e6,
     )
+    return work
 
+
+def selected_cases(only: str) -> list[Case]:
+    """The throughput cases to run: all, or those ``--only`` names."""
     cases = THROUGHPUT_CASES
-    if args.only:
-        wanted = set(args.only.split(","))
+    if only:
+        wanted = set(only.split(","))
         cases = [c for c in cases if c.key in wanted]
+    return cases
+
+
+def measure_rounds(
+    cases: list[Case], work: Workload, work_dir: Path, repeat: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Every case's runs, one per round, each round in :func:`round_order`."""
     runs: dict[str, list[dict[str, Any]]] = {}
-    for rep in range(args.repeat):
+    for rep in range(repeat):
         for case in round_order(cases, reverse=rep % 2 == 1):
             log.info("round %d: %s", rep + 1, case.label)
             result = case.measure(work, work_dir / f"{case.key}-{rep}")
@@ -537,44 +605,76 @@ def main(argv: list[str] | None = None) -> int:
                 result["seconds"],
             )
             runs.setdefault(case.key, []).append(result)
-    best = {key: max(rs, key=lambda r: r["rate"]) for key, rs in runs.items()}
+    return runs
 
-    long = res = rpc = delivery = start_up = None
-    if not args.only:
-        log.info("long run (RSS)")
-        long = measure_child("long", work, work_dir / "long")
-        log.info("checkpoint and resume")
-        res = measure_child("resume", work, work_dir / "resume")
-        log.info("Checkpoint RPC")
-        rpc = checkpoint_rpc(work, work_dir / "checkpoint-rpc")
-        log.info("delivery cost per batch")
-        delivery = measure_child("delivery", work, work_dir / "delivery")
-        log.info("start-up (bench.startup)")
-        start_up = startup.run(
-            work_dir / "startup",
-            rounds=min(args.repeat, 5),
-            quick=args.quick,
-            tokenizer=work.tokenizer,
-        )
 
-    mach["load_after"] = list(os.getloadavg())
-    fixed_tokens = best[cases[0].key]["tokens"] if cases else 0
+def measure_once(args: argparse.Namespace, work: Workload, work_dir: Path) -> dict[str, Any]:
+    """The measurements taken once, as bench.json keeps them (all None with ``--only``): the
+    long run, checkpoint and resume, the Checkpoint RPC, delivery cost, start-up."""
+    once: dict[str, Any] = dict.fromkeys(
+        ("long", "resume", "checkpoint_rpc", "delivery", "startup")
+    )
+    if args.only:
+        return once
+    log.info("long run (RSS)")
+    once["long"] = measure_child("long", work, work_dir / "long")
+    log.info("checkpoint and resume")
+    once["resume"] = measure_child("resume", work, work_dir / "resume")
+    log.info("Checkpoint RPC")
+    once["checkpoint_rpc"] = checkpoint_rpc(work, work_dir / "checkpoint-rpc")
+    log.info("delivery cost per batch")
+    once["delivery"] = measure_child("delivery", work, work_dir / "delivery")
+    log.info("start-up (bench.startup)")
+    once["startup"] = startup.run(
+        work_dir / "startup",
+        rounds=min(args.repeat, 5),
+        quick=args.quick,
+        tokenizer=work.tokenizer,
+    )
+    return once
+
+
+def fixed_tokens(best: dict[str, dict[str, Any]], cases: list[Case]) -> int:
+    """The tokens of the fixed work: as threads x2 delivered them (else the first case)."""
+    tokens = best[cases[0].key]["tokens"] if cases else 0
     if "engine_threads_2" in best:
-        fixed_tokens = best["engine_threads_2"]["tokens"]
+        tokens = best["engine_threads_2"]["tokens"]
+    return tokens
+
+
+def workload_of(work: Workload) -> dict[str, Any]:
+    """The workload as bench.json keeps it, with the fixed documents and the tokenizer's."""
     workload = asdict(work)
     workload.update(
         fixed_docs=work.fixed_docs, vocab_size=VOCAB_SIZE, tokenizer_sample=TOKENIZER_SAMPLE
     )
-    results: dict[str, Any] = {
+    return workload
+
+
+def collect(
+    argv: list[str],
+    args: argparse.Namespace,
+    started: float,
+    mach: dict[str, Any],
+    allocator_env: dict[str, str],
+    work: Workload,
+    cases: list[Case],
+    runs: dict[str, list[dict[str, Any]]],
+    once: dict[str, Any],
+) -> dict[str, Any]:
+    """Everything bench.json holds: the run, its machine and workload, every run, the
+    ratios and figures, the measurements taken once and the method."""
+    best = {key: max(rs, key=lambda r: r["rate"]) for key, rs in runs.items()}
+    return {
         "command": command_line(argv),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "duration_s": round(time.time() - started),
         "machine": mach,
         "allocator": ALLOCATOR,
         "allocator_env": {k: os.environ[k] for k in allocator_env},
-        "workload": workload,
+        "workload": workload_of(work),
         "repeat": args.repeat,
-        "fixed_tokens": fixed_tokens,
+        "fixed_tokens": fixed_tokens(best, cases),
         "cases": [
             {"key": c.key, "label": c.label, "short": c.short, "group": c.group} for c in cases
         ],
@@ -582,14 +682,15 @@ def main(argv: list[str] | None = None) -> int:
         "best": best,
         "steady_valid": steady_valid(work),
         "ratios": [_ratio_row(r, runs, steady_valid(work)) for r in RATIOS],
-        "figures": figures(best, runs, long, res, rpc),
-        "long": long,
-        "resume": res,
-        "checkpoint_rpc": rpc,
-        "delivery": delivery,
-        "startup": start_up,
+        "figures": figures(best, runs, once["long"], once["resume"], once["checkpoint_rpc"]),
+        **once,
         "method": method(work, args.repeat),
     }
+
+
+def publish(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """Write bench.json, the docs and (unless ``--no-readme``) the README summary; print the
+    throughput and targets tables."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench.json").write_text(json.dumps(results, indent=1) + "\n")
     readme = report.ROOT / "README.md" if args.readme else None
@@ -602,6 +703,28 @@ def main(argv: list[str] | None = None) -> int:
         f"\nwrote {RESULTS / 'bench.json'}, {args.md}, {args.png}"
         + (", README.md" if readme else "")
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.run``: measure everything, then write bench.json and the docs."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # SIGTERM unwinds like Ctrl-C, so every child process is stopped by the finally blocks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    started = time.time()
+    compile_sources()  # the servers and clients it starts import compiled modules
+    allocator_env = preload_allocator()
+    mach = machine()
+    work_dir = RESULTS / "run"
+    work = prepare_workload(args, work_dir)
+    cases = selected_cases(args.only)
+    runs = measure_rounds(cases, work, work_dir, args.repeat)
+    once = measure_once(args, work, work_dir)
+    mach["load_after"] = list(os.getloadavg())
+    results = collect(argv, args, started, mach, allocator_env, work, cases, runs, once)
+    publish(results, args)
     return 0
 
 
