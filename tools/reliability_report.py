@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,12 @@ class Report:
         self.lines.append("")
 
 
+_EXACT_KEYS = ("lost", "duplicated", "docs_lost", "docs_duplicated", "chain_mismatches")
+
+
 def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None:
+    """The "Faults" section: one subsection per scenario of ``test_faults.py``, all over the
+    exact-ledger config and its reference run (checked equal to ``zephon dump``)."""
     from zephon_testing.scenarios import faults as tf
     from zephon_testing.servers import dump_digests
 
@@ -60,31 +66,47 @@ def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None
     ref.check_covers_corpus()
     assert dump_digests(cfg, 100_000) == ref.chains, "reference differs from zephon dump"
     rng = random.Random(seed)
+    rep.add("## Faults", "")
+    _server_kills(rep, cfg, ref, work, long, rng)
+    _checkpoint_write_kills(rep, work, long, rng)
+    _network_faults(rep, cfg, ref, work)
+    _worker_kills(rep, cfg, ref, work)
+    _drain(rep, cfg, work)
 
-    # SIGKILL at random points.
+
+def _kill_points(rng: random.Random, batches: int, long: bool) -> list[Any]:
+    """One to three (long tier: five) kill points at distinct batch counts."""
+    from zephon_testing.scenarios.faults import KillPoint
+
+    points = {}
+    for _ in range(rng.randint(1, 5 if long else 3)):
+        at = rng.randint(1, batches - 1)
+        points[at] = KillPoint(at, rng.randint(0, 40), rng.random() < 0.4)
+    return list(points.values())
+
+
+def _kill_runs(cfg: Path, ref: Any, work: Path, long: bool, rng: random.Random) -> dict[str, Any]:
+    """Run the SIGKILL scenario at random kill points; the figures summed over the runs."""
+    from zephon_testing.scenarios import faults as tf
+
     runs = 25 if long else 6
-    kills = checked = 0
-    totals: dict[str, int] = {}
-    restart_s: list[float] = []
-    recovery_s: list[float] = []
-    during = 0
+    sums: dict[str, Any] = {"runs": runs, "kills": 0, "during": 0, "batches": 0}
+    sums.update(dict.fromkeys(_EXACT_KEYS, 0), restart_s=[], recovery_s=[])
     for i in range(runs):
-        points = {}
-        for _ in range(rng.randint(1, 5 if long else 3)):
-            at = rng.randint(1, ref.batches - 1)
-            points[at] = tf.KillPoint(at, rng.randint(0, 40), rng.random() < 0.4)
-        figures = tf.run_kill_scenario(cfg, ref, work / f"kill{i}", list(points.values()))
+        points = _kill_points(rng, ref.batches, long)
+        figures = tf.run_kill_scenario(cfg, ref, work / f"kill{i}", points)
         tf.assert_exact_counts(figures)
-        kills += figures["kills"]
-        during += sum(p.during_checkpoint for p in points.values())
-        checked += figures["batches"]
-        for key in ("lost", "duplicated", "docs_lost", "docs_duplicated", "chain_mismatches"):
-            totals[key] = totals.get(key, 0) + figures[key]
-        restart_s += figures["restart_s"]
-        recovery_s += figures["recovery_s"]
+        sums["during"] += sum(p.during_checkpoint for p in points)
+        for key in ("kills", "batches", *_EXACT_KEYS, "restart_s", "recovery_s"):
+            sums[key] += figures[key]
+    return sums
+
+
+def _server_kills(
+    rep: Report, cfg: Path, ref: Any, work: Path, long: bool, rng: random.Random
+) -> None:
+    k = _kill_runs(cfg, ref, work, long, rng)
     rep.add(
-        "## Faults",
-        "",
         "### SIGKILL of the server, restart with `--resume latest`",
         "",
         f"One `DataClient` reads all {len(ref.chains)} lanes of a finite corpus "
@@ -98,34 +120,34 @@ def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None
     rep.table(
         ["figure", "value"],
         [
-            ["runs", runs],
-            ["kill points survived", f"{kills} ({during} during a Checkpoint RPC)"],
-            ["batches checked", checked],
-            [
-                "batches lost / duplicated",
-                f"{totals['lost']} / {totals['duplicated']}",
-            ],
-            [
-                "documents lost / duplicated",
-                f"{totals['docs_lost']} / {totals['docs_duplicated']}",
-            ],
-            ["chain digest mismatches", totals["chain_mismatches"]],
-            ["kill → restarted server listening", _fmt_s(restart_s)],
-            ["kill → first batch from the new server (recovery)", _fmt_s(recovery_s)],
+            ["runs", k["runs"]],
+            ["kill points survived", f"{k['kills']} ({k['during']} during a Checkpoint RPC)"],
+            ["batches checked", k["batches"]],
+            ["batches lost / duplicated", f"{k['lost']} / {k['duplicated']}"],
+            ["documents lost / duplicated", f"{k['docs_lost']} / {k['docs_duplicated']}"],
+            ["chain digest mismatches", k["chain_mismatches"]],
+            ["kill → restarted server listening", _fmt_s(k["restart_s"])],
+            ["kill → first batch from the new server (recovery)", _fmt_s(k["recovery_s"])],
         ],
     )
 
-    # SIGKILL during checkpoint writes.
-    outcomes: dict[tuple[str, str, str], int] = {}
+
+def _writer_outcomes(work: Path, long: bool, rng: random.Random) -> Counter[tuple[str, ...]]:
+    """(mode, kill point, newest checkpoint afterwards) of every killed checkpoint writer."""
+    from zephon_testing.scenarios import faults as tf
+
+    outcomes: Counter[tuple[str, ...]] = Counter()
     for mode in ("overwrite", "save"):
         for stage in ("data-fsync", "rename", "dir-fsync"):
-            f = tf.kill_writer(work, mode, 0.0, stage)
-            key = (mode, f"at {stage}", f["latest"])
-            outcomes[key] = outcomes.get(key, 0) + 1
+            outcomes[(mode, f"at {stage}", tf.kill_writer(work, mode, 0.0, stage)["latest"])] += 1
         for _ in range(12 if long else 6):
             f = tf.kill_writer(work, mode, rng.randint(0, 300) / 1000)
-            key = (mode, "random time", f["latest"])
-            outcomes[key] = outcomes.get(key, 0) + 1
+            outcomes[(mode, "random time", f["latest"])] += 1
+    return outcomes
+
+
+def _checkpoint_write_kills(rep: Report, work: Path, long: bool, rng: random.Random) -> None:
+    outcomes = _writer_outcomes(work, long, rng)
     rep.add(
         "### SIGKILL during a checkpoint write",
         "",
@@ -141,22 +163,27 @@ def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None
         [[m, p, latest, n] for (m, p, latest), n in sorted(outcomes.items())],
     )
 
-    # Network faults.
+
+def _network_row(fault: str, f: dict[str, Any]) -> list[Any]:
+    return [
+        fault,
+        f["batches"],
+        f"{f['lost']} / {f['duplicated']}",
+        f["connections"],
+        f["resets"],
+        f"{f['detect_s'][0]:.1f} s" if f["detect_s"] else "-",
+        f"{f['elapsed_s']:.1f} s",
+    ]
+
+
+def _network_faults(rep: Report, cfg: Path, ref: Any, work: Path) -> None:
+    from zephon_testing.scenarios import faults as tf
+
     rows = []
     for fault in ("latency", "bandwidth", "reset", "blackhole", "blackhole-default-keepalive"):
         f = tf.run_network_scenario(cfg, ref, work / f"net-{fault}", fault)
         tf.assert_exact_counts(f)
-        rows.append(
-            [
-                fault,
-                f["batches"],
-                f"{f['lost']} / {f['duplicated']}",
-                f["connections"],
-                f["resets"],
-                f"{f['detect_s'][0]:.1f} s" if f["detect_s"] else "-",
-                f"{f['elapsed_s']:.1f} s",
-            ]
-        )
+        rows.append(_network_row(fault, f))
     rep.add(
         "### Network faults (TCP fault proxy on 127.0.0.1)",
         "",
@@ -168,35 +195,30 @@ def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None
         "defaults: 10 s ping, 5 s timeout). Server `--max-ahead 4`.",
         "",
     )
-    rep.table(
-        [
-            "fault",
-            "batches",
-            "lost / duplicated",
-            "TCP connections",
-            "resets",
-            "dead peer found",
-            "elapsed",
-        ],
-        rows,
-    )
+    header = ["fault", "batches", "lost / duplicated", "TCP connections", "resets"]
+    rep.table([*header, "dead peer found", "elapsed"], rows)
 
-    # Killed worker.
+
+def _worker_row(recovery: str, f: dict[str, Any]) -> list[Any]:
+    return [
+        recovery,
+        f"{f['fail_s']:.2f} s",
+        f"{f['status']}: {f['message'].split(';')[0]}",
+        f["health_after"],
+        f"{f['recover_s']:.2f} s",
+        f"{f['lost']} / {f['duplicated']}",
+    ]
+
+
+def _worker_kills(rep: Report, cfg: Path, ref: Any, work: Path) -> None:
+    from zephon_testing.scenarios import faults as tf
+
     rows = []
     for recovery in ("restart", "resume"):
         f = tf.run_worker_kill_scenario(cfg, ref, work / f"worker-{recovery}", recovery)
         tf.assert_exact_counts(f)
         assert f["health_after"] == "NOT_SERVING" and f["health_recovered"] == "SERVING"
-        rows.append(
-            [
-                recovery,
-                f"{f['fail_s']:.2f} s",
-                f"{f['status']}: {f['message'].split(';')[0]}",
-                f["health_after"],
-                f"{f['recover_s']:.2f} s",
-                f"{f['lost']} / {f['duplicated']}",
-            ]
-        )
+        rows.append(_worker_row(recovery, f))
     rep.add(
         "### A killed worker process (`--runner processes`)",
         "",
@@ -206,21 +228,16 @@ def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None
         "the trainer's own `load_state_dict`; the same client then continues exactly.",
         "",
     )
-    rep.table(
-        [
-            "recovery",
-            "kill → stream error",
-            "status and message",
-            "health",
-            "recovery",
-            "lost / duplicated",
-        ],
-        rows,
-    )
+    header = ["recovery", "kill → stream error", "status and message", "health", "recovery"]
+    rep.table([*header, "lost / duplicated"], rows)
 
-    # Drain.
+
+def _drain(rep: Report, cfg: Path, work: Path) -> None:
+    from zephon_testing.scenarios import faults as tf
+
     d = tf.run_drain_scenario(cfg, work / "drain", grace=5.0)
     assert d["exit_code"] == 0
+    endings = sorted({f"{code} ({details})" for code, details, _, _ in d["streams"].values()})
     rep.add(
         "### SIGTERM drain (`--drain-grace 5`)",
         "",
@@ -231,12 +248,7 @@ def faults(rep: Report, work: Path, corpus: Path, long: bool, seed: int) -> None
         ["figure", "value"],
         [
             ["SIGTERM → health NOT_SERVING", f"{d['not_serving_s'] * 1000:.0f} ms"],
-            [
-                "stream endings",
-                ", ".join(
-                    sorted({f"{code} ({details})" for code, details, _, _ in d["streams"].values()})
-                ),
-            ],
+            ["stream endings", ", ".join(endings)],
             [
                 "SIGTERM → last stream ended (client side)",
                 f"{max(at for _, _, at, _ in d['streams'].values()):.2f} s",
@@ -267,84 +279,99 @@ def load(rep: Report, work: Path, corpus: Path, long: bool) -> None:
         "at a time, while the other 63 lanes get theirs).",
         "",
     )
-    rep.table(
-        ["figure", "value"],
-        [
-            [
-                "streams held / errors / ended early",
-                f"{f['streams']} / {len(f['errors'])} / {f['ended']}",
-            ],
-            [
-                "batches received",
-                f"{f['batches']} ({f['batches_per_s']:.0f}/s, "
-                f"at least {f['min_batches_per_stream']} per stream)",
-            ],
-            ["next-batch wait p50 / p99", f"{f['wait_p50_ms']:.1f} ms / {f['wait_p99_ms']:.0f} ms"],
-            [
-                "RSS after warm-up (first half → second half median)",
-                f"{f['rss_mb'][0]:.1f} → {f['rss_mb'][1]:.1f} MB ({f['rss_growth_mb']:+.1f} MB)",
-            ],
-            ["threads after warm-up (min-max)", f"{f['threads'][0]}-{f['threads'][1]}"],
-            ["file descriptors after warm-up (min-max)", f"{f['fds'][0]}-{f['fds'][1]}"],
-            ["health at the end", f["health"]],
-        ],
-    )
+    rep.table(["figure", "value"], _streams_rows(f))
     rep.add("### Slow consumer, cancellation, stream limit", "")
-    rep.table(
-        ["figure", "value"],
+    rep.table(["figure", "value"], _stream_limits_rows(s, c, lim))
+
+
+def _streams_rows(f: dict[str, Any]) -> list[list[Any]]:
+    return [
         [
-            ["fast lanes, batches/s alone", ", ".join(f"{r:.0f}" for r in s["baseline_rates"][1:])],
-            [
-                "fast lanes, batches/s next to a slow one (5/s)",
-                ", ".join(f"{r:.0f}" for r in s["mixed_rates"][1:])
-                + f" (ratio {s['fast_ratio']:.2f})",
-            ],
-            [
-                "cancelled stream blocked in the hub: streams, consumers, threads freed after",
-                f"{c['freed_s'] * 1000:.0f} ms",
-            ],
-            ["stream beyond `--max-streams 3`", f"{lim['extra'][0]}: {lim['extra'][1]}"],
-            ["health / GetInfo while at the limit", f"{lim['health']} / answered"],
+            "streams held / errors / ended early",
+            f"{f['streams']} / {len(f['errors'])} / {f['ended']}",
         ],
-    )
+        [
+            "batches received",
+            f"{f['batches']} ({f['batches_per_s']:.0f}/s, "
+            f"at least {f['min_batches_per_stream']} per stream)",
+        ],
+        ["next-batch wait p50 / p99", f"{f['wait_p50_ms']:.1f} ms / {f['wait_p99_ms']:.0f} ms"],
+        [
+            "RSS after warm-up (first half → second half median)",
+            f"{f['rss_mb'][0]:.1f} → {f['rss_mb'][1]:.1f} MB ({f['rss_growth_mb']:+.1f} MB)",
+        ],
+        ["threads after warm-up (min-max)", f"{f['threads'][0]}-{f['threads'][1]}"],
+        ["file descriptors after warm-up (min-max)", f"{f['fds'][0]}-{f['fds'][1]}"],
+        ["health at the end", f["health"]],
+    ]
+
+
+def _stream_limits_rows(
+    s: dict[str, Any], c: dict[str, Any], lim: dict[str, Any]
+) -> list[list[Any]]:
+    """Rows of the slow consumer (``s``), cancellation (``c``) and stream limit (``lim``)."""
+    return [
+        ["fast lanes, batches/s alone", ", ".join(f"{r:.0f}" for r in s["baseline_rates"][1:])],
+        [
+            "fast lanes, batches/s next to a slow one (5/s)",
+            ", ".join(f"{r:.0f}" for r in s["mixed_rates"][1:]) + f" (ratio {s['fast_ratio']:.2f})",
+        ],
+        [
+            "cancelled stream blocked in the hub: streams, consumers, threads freed after",
+            f"{c['freed_s'] * 1000:.0f} ms",
+        ],
+        ["stream beyond `--max-streams 3`", f"{lim['extra'][0]}: {lim['extra'][1]}"],
+        ["health / GetInfo while at the limit", f"{lim['health']} / answered"],
+    ]
 
 
 def bad_input(rep: Report, work: Path, corpus: Path, long: bool) -> None:
     from zephon_testing.scenarios import bad_input as tb
 
-    by_code: dict[str, int] = {}
+    by_code: Counter[str] = Counter()
     with tb.running_servers(work / "bad", corpus) as running:
         for name, call, code, text in tb.CASES:
             tb.check_case(running, name, call, code, text)
-            by_code[code.name] = by_code.get(code.name, 0) + 1
+            by_code[code.name] += 1
         fuzz = tb.run_fuzz(running, 400 if long else 150)
         corrupt = tb.check_corruptions(running.state)
     skip = tb.run_malformed_data(corpus, work / "malformed", "skip")
-    fails = {
+    fails: dict[tuple[str, ...], dict[str, Any]] = {
         damage or ("bad lines",): tb.run_malformed_data(corpus, work / "malformed", "fail", damage)
         for damage in ((), ("vanish",), ("unreadable",))
     }
-    fuzz_codes: dict[str, int] = {}
+    fuzz_codes: Counter[str] = Counter()
     for (_, code), n in fuzz["codes"].items():
-        fuzz_codes[code] = fuzz_codes.get(code, 0) + n
+        fuzz_codes[code] += n
     rep.add(
         "## Bad input",
         "",
         f"* **Status table**: {len(tb.CASES)} error cases over every RPC "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(by_code.items()))}); each with its "
+        f"({_counts(by_code)}); each with its "
         "DESIGN §5 code, a message naming the problem, no traceback, nothing changed, the "
         "server healthy afterwards.",
         f"* **Random requests** (hypothesis): {fuzz['requests']} random or malformed "
         "StreamBatches / Checkpoint / Resume requests and raw undecodable bodies; outcomes "
-        f"{', '.join(f'{k} {v}' for k, v in sorted(fuzz_codes.items()))} (INTERNAL only for "
+        f"{_counts(fuzz_codes)} (INTERNAL only for "
         "undecodable bodies: gRPC's own deserialization error); never UNKNOWN, the server "
         "healthy and lane 0 unchanged afterwards.",
         f"* **Corrupt checkpoints**: {corrupt['cases']} cases (every truncation and every "
         "single-bit flip of a real checkpoint, the empty file included) all rejected: "
-        f"{', '.join(f'{k} {v}' for k, v in sorted(corrupt['by_status'].items()))}, each "
+        f"{_counts(corrupt['by_status'])}, each "
         "message naming expected and found values.",
         "",
     )
+    _malformed_data(rep, skip, fails)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    """``NAME n, NAME n`` in name order."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
+def _malformed_data(
+    rep: Report, skip: dict[str, Any], fails: dict[tuple[str, ...], dict[str, Any]]
+) -> None:
     m = skip["metrics"]
     rep.add(
         "### Malformed data end to end",

@@ -229,6 +229,109 @@ class KillPoint:
     during_checkpoint: bool  # kill while the trainer's Checkpoint RPC is in flight
 
 
+def _state_server_args(config: Path, workdir: Path, *, resume: bool) -> tuple[list[str], Path]:
+    """Creates ``workdir``; the arguments of a server on a free port with a fresh state
+    directory (resuming its latest checkpoint when ``resume``), and that directory."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    state = workdir / f"state-{time.monotonic_ns()}"
+    args = ["--config", str(config), "--state-dir", str(state)]
+    args += ["--resume", "latest"] if resume else []
+    return [*args, "--port", str(port)], state
+
+
+def _client_of(srv: ServerProcess, **kwargs: Any) -> DataClient:
+    """A DataClient of ``srv``; kills the server if it cannot be made."""
+    try:
+        return DataClient(srv.address, **kwargs)
+    except BaseException:
+        srv.kill()
+        raise
+
+
+def _checkpoint(client: DataClient, tag: str) -> None:
+    """The trainer's periodic checkpoint: at what it consumed."""
+    client.mark_consumed()
+    client.checkpoint(tag=tag)
+
+
+class _Recovery:
+    """Times from a fault to the first batch a stream opened after it delivered."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.old_streams: set[int] = set()
+        self.times: list[float] = []
+
+    def fault(self, client: DataClient) -> float:
+        """The fault happens now (returned): the client's current streams are the old ones."""
+        run = getattr(client, "_run", None)
+        self.old_streams = {id(s) for s in run.streams.values()} if run else set()
+        self.since = time.monotonic()
+        return self.since
+
+    def delivered(self, client: DataClient) -> None:
+        """After each batch: was it the first one from a new stream since the fault?"""
+        if self.since is not None:
+            stream = delivering_stream(client)
+            if stream is not None and id(stream) not in self.old_streams:
+                self.times.append(time.monotonic() - self.since)
+                self.since = None
+
+
+class _KilledServer:
+    """The kill scenario's server: SIGKILLed and restarted with the same arguments (port,
+    state directory, ``--resume latest``)."""
+
+    def __init__(self, args: list[str], workdir: Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.srv = ServerProcess(args, workdir)
+        self.restarts: list[float] = []
+
+    def kill_and_restart(self, client: DataClient, recovery: _Recovery) -> None:
+        killed_at = recovery.fault(client)
+        self.srv.kill()
+        self.srv = ServerProcess(self.args, self.workdir)
+        self.restarts.append(time.monotonic() - killed_at)
+
+    def kill_at(self, client: DataClient, recovery: _Recovery, point: KillPoint, n: int) -> None:
+        """Kill ``point.delay_ms`` after the ``n``-th batch, during a Checkpoint RPC if asked."""
+        time.sleep(point.delay_ms / 1000)
+        if point.during_checkpoint:
+            client.mark_consumed()
+            killer = threading.Thread(target=self.kill_and_restart, args=(client, recovery))
+            killer.start()
+            client.checkpoint(tag=f"during{n}")  # retried on UNAVAILABLE
+            killer.join(60)
+        else:
+            self.kill_and_restart(client, recovery)
+
+
+def _read_through_kills(
+    client: DataClient,
+    server: _KilledServer,
+    ref: Reference,
+    plan: list[KillPoint],
+    recovery: _Recovery,
+    checkpoint_every: int,
+    deadline: float,
+) -> Ledger:
+    """Read every lane to its end, killing the server at ``plan`` (popped as reached) and
+    checkpointing every ``checkpoint_every`` batches in between."""
+    ledger = Ledger()
+    for consumed, batch in enumerate(client, 1):
+        ledger.add(batch)
+        recovery.delivered(client)
+        assert time.monotonic() < deadline, "kill scenario took too long"
+        assert consumed <= 2 * ref.batches, "more batches than the corpus holds"
+        if plan and consumed >= plan[0].after_batches:
+            server.kill_at(client, recovery, plan.pop(0), consumed)
+        elif consumed % checkpoint_every == 0:
+            _checkpoint(client, f"b{consumed}")
+    return ledger
+
+
 def run_kill_scenario(
     config: Path,
     ref: Reference,
@@ -245,70 +348,27 @@ def run_kill_scenario(
     same state directory; the client (alive all along) reconnects on UNAVAILABLE and
     continues at its consumed positions. Returns the ledger check plus timings.
     """
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    state = workdir / f"state-{time.monotonic_ns()}"
-    args = ["--config", str(config), "--state-dir", str(state), "--resume", "latest"]
-    args += ["--port", str(port), "--runner", runner]
-    srv = ServerProcess(args, workdir)
+    args, state = _state_server_args(config, workdir, resume=True)
+    server = _KilledServer([*args, "--runner", runner], workdir)
     plan = sorted(kills, key=lambda k: k.after_batches)
-    ledger = Ledger()
-    restarts: list[float] = []
-    recoveries: list[float] = []
-    killed_at: float | None = None
-    old_streams: set[int] = set()
+    recovery = _Recovery()
     started = time.monotonic()
-    try:
-        client = DataClient(f"127.0.0.1:{port}", reconnect_timeout=60, rpc_timeout=30)
-    except BaseException:
-        srv.kill()
-        raise
+    client = _client_of(server.srv, reconnect_timeout=60, rpc_timeout=30)
     try:
         client.checkpoint(tag="start")
-
-        def kill_and_restart() -> None:
-            nonlocal srv, killed_at, old_streams
-            run = getattr(client, "_run", None)
-            old_streams = {id(s) for s in run.streams.values()} if run else set()
-            killed_at = time.monotonic()
-            srv.kill()
-            srv = ServerProcess(args, workdir)
-            restarts.append(time.monotonic() - killed_at)
-
-        for consumed, batch in enumerate(client, 1):
-            ledger.add(batch)
-            if killed_at is not None:
-                stream = delivering_stream(client)
-                if stream is not None and id(stream) not in old_streams:
-                    recoveries.append(time.monotonic() - killed_at)
-                    killed_at = None
-            assert time.monotonic() - started < time_limit, "kill scenario took too long"
-            assert consumed <= 2 * ref.batches, "more batches than the corpus holds"
-            if plan and consumed >= plan[0].after_batches:
-                point = plan.pop(0)
-                time.sleep(point.delay_ms / 1000)
-                if point.during_checkpoint:
-                    client.mark_consumed()
-                    killer = threading.Thread(target=kill_and_restart)
-                    killer.start()
-                    client.checkpoint(tag=f"during{consumed}")  # retried on UNAVAILABLE
-                    killer.join(60)
-                else:
-                    kill_and_restart()
-            elif consumed % checkpoint_every == 0:
-                client.mark_consumed()
-                client.checkpoint(tag=f"b{consumed}")
-        figures = ledger.check(ref)
+        figures = _read_through_kills(
+            client, server, ref, plan, recovery, checkpoint_every, started + time_limit
+        ).check(ref)
     finally:
         client.close()
-        code = srv.terminate()
-    assert code == 0, srv.output()[-3000:]
+        code = server.srv.terminate()
+    assert code == 0, server.srv.output()[-3000:]
     # the restarts resumed with the replay cache the killed servers wrote (on by default)
     assert any((state / "replay-cache").rglob("*.tok")), "no replay cache under --state-dir"
     figures.update(
         kills=len(kills) - len(plan),
-        restart_s=restarts,
-        recovery_s=recoveries,
+        restart_s=server.restarts,
+        recovery_s=recovery.times,
         elapsed_s=time.monotonic() - started,
     )
     return figures
@@ -416,22 +476,44 @@ def kill_writer(workdir: Path, mode: str, delay_s: float, stage: str = "-") -> d
     return {"stray_temp_files": len(stray), "checkpoints": len(loaded), "latest": latest[1].tag}
 
 
+def _apply_fault(proxy: FaultProxy, fault: str) -> None:
+    """The faults that hold from the start (a black hole comes later, mid-read)."""
+    if fault == "latency":
+        proxy.set(latency_ms=25)
+    elif fault == "bandwidth":
+        proxy.set(bandwidth=400_000)
+    elif fault == "reset":
+        proxy.set(reset_after_bytes=150_000, resets=3)
+
+
+def _read_through_fault(
+    client: DataClient, proxy: FaultProxy, ref: Reference, fault: str, deadline: float
+) -> tuple[Ledger, list[float]]:
+    """Read every lane to its end through ``proxy``; a black hole is made after a third of
+    the batches. Returns the ledger and the times until a new stream delivered."""
+    ledger = Ledger()
+    recovery = _Recovery()
+    for consumed, batch in enumerate(client, 1):
+        ledger.add(batch)
+        assert time.monotonic() < deadline, f"{fault}: took too long"
+        assert consumed <= 2 * ref.batches
+        recovery.delivered(client)
+        if fault.startswith("blackhole") and consumed == ref.batches // 3:
+            recovery.fault(client)
+            assert proxy.blackhole() >= 1
+    return ledger, recovery.times
+
+
 def run_network_scenario(
     config: Path, ref: Reference, workdir: Path, fault: str, *, time_limit: float = 90.0
 ) -> dict[str, Any]:
     """Read every lane through a FaultProxy while ``fault`` is applied; ledger + timings."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    state = workdir / f"state-{time.monotonic_ns()}"
-    args = ["--config", str(config), "--state-dir", str(state), "--port", str(port)]
+    args, _ = _state_server_args(config, workdir, resume=False)
     # Tight flow control: a stale stream of the dead connection would hold its lane back.
-    args += ["--max-ahead", "4"]
-    srv = ServerProcess(args, workdir)
+    srv = ServerProcess([*args, "--max-ahead", "4"], workdir)
     try:
-        ledger = Ledger()
-        detect: list[float] = []
         started = time.monotonic()
-        with FaultProxy(port) as proxy:
+        with FaultProxy(srv.port) as proxy:
             options = (
                 DEFAULT_CHANNEL_OPTIONS if fault.endswith("default-keepalive") else FAST_KEEPALIVE
             )
@@ -439,28 +521,10 @@ def run_network_scenario(
                 proxy.address, reconnect_timeout=30, rpc_timeout=30, channel_options=options
             )
             try:
-                if fault == "latency":
-                    proxy.set(latency_ms=25)
-                elif fault == "bandwidth":
-                    proxy.set(bandwidth=400_000)
-                elif fault == "reset":
-                    proxy.set(reset_after_bytes=150_000, resets=3)
-                holed_at: float | None = None
-                old_streams: set[int] = set()
-                for consumed, batch in enumerate(client, 1):
-                    ledger.add(batch)
-                    assert time.monotonic() - started < time_limit, f"{fault}: took too long"
-                    assert consumed <= 2 * ref.batches
-                    if holed_at is not None:
-                        stream = delivering_stream(client)
-                        if stream is not None and id(stream) not in old_streams:
-                            detect.append(time.monotonic() - holed_at)
-                            holed_at = None
-                    if fault.startswith("blackhole") and consumed == ref.batches // 3:
-                        run = getattr(client, "_run", None)
-                        old_streams = {id(s) for s in run.streams.values()} if run else set()
-                        holed_at = time.monotonic()
-                        assert proxy.blackhole() >= 1
+                _apply_fault(proxy, fault)
+                ledger, detect = _read_through_fault(
+                    client, proxy, ref, fault, started + time_limit
+                )
                 figures = ledger.check(ref)
             finally:
                 client.close()
@@ -478,6 +542,58 @@ def run_network_scenario(
     return figures
 
 
+def _spawn_workers(srv: ServerProcess) -> list[int]:
+    """The pids of the server's spawn worker processes (at least one)."""
+    workers = [pid for pid, cmd in children(srv.proc.pid) if "spawn_main" in cmd]
+    assert workers, children(srv.proc.pid)
+    return workers
+
+
+def _read_until_a_worker_dies(
+    client: DataClient, srv: ServerProcess, ref: Reference, ledger: Ledger
+) -> dict[str, Any]:
+    """Read (checkpointing every 6 batches) and SIGKILL a worker after the 10th batch; the
+    iteration must fail. Returns how long it took, the error's status and message, the pid."""
+    victim: int | None = None
+    killed_at = 0.0
+    error: ZephonClientError | None = None
+    try:
+        for consumed, batch in enumerate(client, 1):
+            ledger.add(batch)
+            assert consumed <= 2 * ref.batches
+            if consumed % 6 == 0:
+                _checkpoint(client, f"b{consumed}")
+            if consumed == 10:  # early: the run must still need its workers
+                victim = _spawn_workers(srv)[0]
+                killed_at = time.monotonic()
+                os.kill(victim, signal.SIGKILL)
+            assert victim is None or time.monotonic() - killed_at < 30, "no failure seen"
+    except ZephonClientError as exc:
+        error = exc
+    assert error is not None, "the iteration did not fail after the worker was killed"
+    return {
+        "fail_s": time.monotonic() - killed_at,
+        "status": error.code.name if error.code else None,
+        "message": error.message,
+        "victim": victim,
+    }
+
+
+def _recover(
+    recovery: str, client: DataClient, srv: ServerProcess, args: list[str], workdir: Path
+) -> ServerProcess:
+    """Recover from the dead worker as ``recovery`` says; returns the server now serving."""
+    if recovery == "restart":
+        code = srv.terminate()
+        assert code == 0, srv.output()[-3000:]
+        return ServerProcess(args, workdir)  # same port, --resume latest
+    own = client.state_dict()  # what the trainer consumed
+    latest = client.get_info().checkpoint_ids[-1]
+    client.resume(checkpoint_id=latest)  # a new pipeline run, new worker processes
+    client.load_state_dict(own)  # continue where the trainer is, not at the checkpoint
+    return srv
+
+
 def run_worker_kill_scenario(
     config: Path, ref: Reference, workdir: Path, recovery: str = "restart", workers: int = 2
 ) -> dict[str, Any]:
@@ -486,58 +602,20 @@ def run_worker_kill_scenario(
     with --resume latest, or ``resume`` the latest checkpoint with the Resume RPC (the server
     process stays up) and load the trainer's own state_dict. A new iteration of the same
     client then continues exactly."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    state = workdir / f"state-{time.monotonic_ns()}"
-    args = ["--config", str(config), "--state-dir", str(state), "--resume", "latest"]
-    args += ["--port", str(port), "--runner", "processes", "--workers", str(workers)]
+    args, _ = _state_server_args(config, workdir, resume=True)
+    args += ["--runner", "processes", "--workers", str(workers)]
     args += ["--max-ahead", "4"]  # production follows consumption: workers are busy at the kill
     srv = ServerProcess(args, workdir)
     ledger = Ledger()
-    try:
-        client = DataClient(f"127.0.0.1:{port}", reconnect_timeout=30, rpc_timeout=30)
-    except BaseException:
-        srv.kill()
-        raise
+    client = _client_of(srv, reconnect_timeout=30, rpc_timeout=30)
     figures: dict[str, Any] = {}
     try:
         client.checkpoint(tag="start")
-        victim: int | None = None
-        killed_at = 0.0
-        error: ZephonClientError | None = None
-        try:
-            for consumed, batch in enumerate(client, 1):
-                ledger.add(batch)
-                assert consumed <= 2 * ref.batches
-                if consumed % 6 == 0:
-                    client.mark_consumed()
-                    client.checkpoint(tag=f"b{consumed}")
-                if consumed == 10:  # early: the run must still need its workers
-                    workers = [pid for pid, cmd in children(srv.proc.pid) if "spawn_main" in cmd]
-                    assert workers, children(srv.proc.pid)
-                    victim = workers[0]
-                    killed_at = time.monotonic()
-                    os.kill(victim, signal.SIGKILL)
-                assert victim is None or time.monotonic() - killed_at < 30, "no failure seen"
-        except ZephonClientError as exc:
-            error = exc
-        assert error is not None, "the iteration did not fail after the worker was killed"
-        figures["fail_s"] = time.monotonic() - killed_at
-        figures["status"] = error.code.name if error.code else None
-        figures["message"] = error.message
-        figures["victim"] = victim
+        figures.update(_read_until_a_worker_dies(client, srv, ref, ledger))
         figures["health_after"] = health_status(srv.address)
         assert srv.proc.poll() is None, "the server must stay up (NOT_SERVING) after a crash"
         recovered = time.monotonic()
-        if recovery == "restart":
-            code = srv.terminate()
-            assert code == 0, srv.output()[-3000:]
-            srv = ServerProcess(args, workdir)  # same port, --resume latest
-        else:
-            own = client.state_dict()  # what the trainer consumed
-            latest = client.get_info().checkpoint_ids[-1]
-            client.resume(checkpoint_id=latest)  # a new pipeline run, new worker processes
-            client.load_state_dict(own)  # continue where the trainer is, not at the checkpoint
+        srv = _recover(recovery, client, srv, args, workdir)
         figures["recover_s"] = time.monotonic() - recovered
         figures["health_recovered"] = health_status(srv.address)
         for consumed, batch in enumerate(client, 1):  # a new iteration: consumed positions
@@ -551,73 +629,98 @@ def run_worker_kill_scenario(
     return figures
 
 
+def _watch_health(channel: grpc.Channel, statuses: queue.Queue) -> None:
+    """Puts (time, status) of every health Watch reply on ``statuses``."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    call = health_pb2_grpc.HealthStub(channel).Watch(
+        health_pb2.HealthCheckRequest(service=""), timeout=60
+    )
+    try:
+        for reply in call:
+            statuses.put((time.monotonic(), reply.status))
+    except grpc.RpcError:
+        pass
+
+
+def _queued(requests: queue.Queue) -> Any:
+    """The requests put on ``requests``, until a ``None``."""
+    while True:
+        item = requests.get()
+        if item is None:
+            return
+        yield item
+
+
+def _read_until_drained(
+    stub: pb_grpc.DataServiceStub,
+    lane: int,
+    ends: dict[int, tuple[Any, str, float, int]],
+    reading: threading.Barrier,
+) -> None:
+    """Read ``lane`` like a trainer (one step 0.05 s, acked) from the 2nd batch on past the
+    ``reading`` barrier; record in ``ends`` how the stream ended: (code, details, time,
+    batches received)."""
+    requests: queue.Queue = queue.Queue()
+    requests.put(pb.StreamBatchesRequest(open=pb.OpenLane(lane=lane, consumer=f"d{lane}")))
+    got = 0
+    call = stub.StreamBatches(_queued(requests), timeout=60)
+    try:
+        for resp in call:
+            if resp.WhichOneof("kind") == "end":
+                ends[lane] = (grpc.StatusCode.OK, "end of lane", time.monotonic(), got)
+                return
+            got += 1
+            if got == 2:
+                reading.wait()
+            time.sleep(0.05)  # a trainer step: the stream stays busy mid-lane
+            requests.put(pb.StreamBatchesRequest(ack=pb.Ack(next_seq=resp.batch.seq + 1)))
+        ends[lane] = (grpc.StatusCode.OK, "closed without EndOfStream", time.monotonic(), got)
+    except grpc.RpcError as exc:
+        ends[lane] = (exc.code(), exc.details() or "", time.monotonic(), got)
+    finally:
+        requests.put(None)
+
+
+def _sigterm_when_serving(
+    srv: ServerProcess, statuses: queue.Queue, grace: float
+) -> tuple[float, float | None]:
+    """Once the Watch reported SERVING, SIGTERM the server; returns when the signal was sent
+    and how long until the Watch reported NOT_SERVING (None: not within ``grace``)."""
+    from grpc_health.v1 import health_pb2
+
+    first = statuses.get(timeout=10)
+    assert first[1] == health_pb2.HealthCheckResponse.SERVING
+    sent = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    not_serving = None
+    with contextlib.suppress(queue.Empty):
+        while not_serving is None:
+            at, status = statuses.get(timeout=grace)
+            if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                not_serving = at - sent
+    return sent, not_serving
+
+
 def run_drain_scenario(config: Path, workdir: Path, grace: float = 5.0) -> dict[str, Any]:
     """Four lane streams and a health Watch; SIGTERM; figures of what each observed."""
     workdir.mkdir(parents=True, exist_ok=True)
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     srv = ServerProcess(["--config", str(config), "--drain-grace", str(grace)], workdir)
     channel = grpc.insecure_channel(srv.address)
     stub = pb_grpc.DataServiceStub(channel)
     statuses: queue.Queue = queue.Queue()
     ends: dict[int, tuple[Any, str, float, int]] = {}
     reading = threading.Barrier(5, timeout=30)
-
-    def watch() -> None:
-        call = health_pb2_grpc.HealthStub(channel).Watch(
-            health_pb2.HealthCheckRequest(service=""), timeout=60
-        )
-        try:
-            for reply in call:
-                statuses.put((time.monotonic(), reply.status))
-        except grpc.RpcError:
-            pass
-
-    def read(lane: int) -> None:
-        requests: queue.Queue = queue.Queue()
-        requests.put(pb.StreamBatchesRequest(open=pb.OpenLane(lane=lane, consumer=f"d{lane}")))
-
-        def gen():
-            while True:
-                item = requests.get()
-                if item is None:
-                    return
-                yield item
-
-        got = 0
-        call = stub.StreamBatches(gen(), timeout=60)
-        try:
-            for resp in call:
-                if resp.WhichOneof("kind") == "end":
-                    ends[lane] = (grpc.StatusCode.OK, "end of lane", time.monotonic(), got)
-                    return
-                got += 1
-                if got == 2:
-                    reading.wait()
-                time.sleep(0.05)  # a trainer step: the stream stays busy mid-lane
-                requests.put(pb.StreamBatchesRequest(ack=pb.Ack(next_seq=resp.batch.seq + 1)))
-            ends[lane] = (grpc.StatusCode.OK, "closed without EndOfStream", time.monotonic(), got)
-        except grpc.RpcError as exc:
-            ends[lane] = (exc.code(), exc.details() or "", time.monotonic(), got)
-        finally:
-            requests.put(None)
-
-    threads = [threading.Thread(target=watch, daemon=True)]
-    threads += [threading.Thread(target=read, args=(lane,), daemon=True) for lane in range(4)]
+    threads = [threading.Thread(target=_watch_health, args=(channel, statuses), daemon=True)]
+    threads += [
+        threading.Thread(target=_read_until_drained, args=(stub, lane, ends, reading), daemon=True)
+        for lane in range(4)
+    ]
     for t in threads:
         t.start()
     try:
         reading.wait()  # every lane is mid-stream
-        first = statuses.get(timeout=10)
-        assert first[1] == health_pb2.HealthCheckResponse.SERVING
-        sent = time.monotonic()
-        srv.proc.send_signal(signal.SIGTERM)
-        not_serving = None
-        with contextlib.suppress(queue.Empty):
-            while not_serving is None:
-                at, status = statuses.get(timeout=grace)
-                if status == health_pb2.HealthCheckResponse.NOT_SERVING:
-                    not_serving = at - sent
+        sent, not_serving = _sigterm_when_serving(srv, statuses, grace)
         code = srv.proc.wait(grace + 10)
         exited = time.monotonic() - sent
         for t in threads[1:]:

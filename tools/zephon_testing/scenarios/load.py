@@ -6,12 +6,14 @@ check what their tests check and return what they measured.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,15 +195,28 @@ def run_streams_load(
     }
 
 
+@contextlib.contextmanager
+def _endless_server(
+    corpus_dir: Path, workdir: Path, name: str, lanes: int, *flags: str
+) -> Iterator[tuple[ServerProcess, pb_grpc.DataServiceStub]]:
+    """A server of :func:`endless_config` (``<name>.yaml`` in ``workdir``, created) with
+    ``flags``, and a stub on one channel to it; afterwards the server must exit with 0."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = endless_config(workdir / f"{name}.yaml", corpus_dir, lanes=lanes)
+    srv = ServerProcess(["--config", str(cfg), *flags], workdir)
+    channel = grpc.insecure_channel(srv.address)
+    try:
+        yield srv, pb_grpc.DataServiceStub(channel)
+    finally:
+        channel.close()
+        code = srv.terminate()
+    assert code == 0, srv.output()[-3000:]
+
+
 def run_slow_consumer(corpus_dir: Path, workdir: Path, window_s: float = 3.0) -> dict[str, Any]:
     """Four lanes read fast for ``window_s`` (baseline); then three fast and one slow (one
     batch per 0.2 s, acked) for the same time. Figures: per-lane batch rates."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = endless_config(workdir / "slow.yaml", corpus_dir, lanes=4)
-    srv = ServerProcess(["--config", str(cfg)], workdir)
-    channel = grpc.insecure_channel(srv.address)
-    stub = pb_grpc.DataServiceStub(channel)
-    try:
+    with _endless_server(corpus_dir, workdir, "slow", 4) as (_, stub):
         readers = [LaneReader(stub, lane, consumer="a") for lane in range(4)]
         time.sleep(window_s)
         base = [len(r.seqs) / window_s for r in readers]
@@ -219,10 +234,6 @@ def run_slow_consumer(corpus_dir: Path, workdir: Path, window_s: float = 3.0) ->
         for r in readers:
             r.stop()
         errors = [r.error for r in readers if r.error]
-    finally:
-        channel.close()
-        code = srv.terminate()
-    assert code == 0, srv.output()[-3000:]
     return {
         "baseline_rates": base,
         "mixed_rates": mixed,
@@ -231,91 +242,88 @@ def run_slow_consumer(corpus_dir: Path, workdir: Path, window_s: float = 3.0) ->
     }
 
 
+def _grow_rpc_threads(stub: pb_grpc.DataServiceStub, mport: int) -> None:
+    """Grow the server's RPC thread pool once (it never shrinks): three streams at a time."""
+    warm = [LaneReader(stub, 1, consumer=f"warm{i}", limit=2) for i in range(3)]
+    assert wait_until(lambda: all(len(w.seqs) >= 2 for w in warm), 10)
+    for w in warm:
+        w.stop()
+    assert wait_until(lambda: metric(scrape(mport), "zephon_active_streams") == 0, 5)
+    time.sleep(0.3)
+
+
+def _lane0_usage(mport: int, pid: int, threads: int | None = None) -> dict[str, float]:
+    """Open streams and lane 0's consumers (from /metrics), the server's threads (``threads``
+    if already counted)."""
+    text = scrape(mport)
+    return {
+        "streams": metric(text, "zephon_active_streams"),
+        "consumers": metric(text, "zephon_lane_consumers", 'lane="0"'),
+        "threads": proc_stats(pid)["threads"] if threads is None else threads,
+    }
+
+
+def _blocked_reader(stub: pb_grpc.DataServiceStub) -> LaneReader:
+    """A reader of lane 0 that caught up with production (held back by a consumer that never
+    acks) and now waits inside the hub for a batch that is not coming."""
+    reader = LaneReader(stub, 0, consumer="blocked")
+    # Production stops soon past the holder (``--max-ahead`` is checked per chunk).
+    seen = [-1]
+
+    def stalled() -> bool:
+        count, seen[0] = seen[0], len(reader.seqs)
+        return count == seen[0] and count > 0
+
+    assert wait_until(stalled, 15, step=0.5), reader.seqs
+    return reader
+
+
+def _released_within_1s(mport: int, pid: int, before: dict[str, float]) -> bool:
+    """Whether open streams, lane 0's consumers and threads are back to ``before`` in 1 s."""
+
+    def released() -> bool:
+        text = scrape(mport)
+        return (
+            metric(text, "zephon_active_streams") == before["streams"]
+            and metric(text, "zephon_lane_consumers", 'lane="0"') == before["consumers"]
+            and proc_stats(pid)["threads"] <= before["threads"]
+        )
+
+    return wait_until(released, 1.0, step=0.02)
+
+
 def run_cancel_scenario(corpus_dir: Path, workdir: Path) -> dict[str, Any]:
     """A lane held back by a consumer that never acks (A); consumer B reads up to the
     production limit and blocks in the hub waiting for the next batch; cancel B: within 1 s
     the server's open streams, the lane's consumers and its thread count are back."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = endless_config(workdir / "cancel.yaml", corpus_dir, lanes=2)
     mport = free_port()
-    srv = ServerProcess(
-        ["--config", str(cfg), "--metrics-port", str(mport), "--max-ahead", "8"], workdir
-    )
-    channel = grpc.insecure_channel(srv.address)
-    stub = pb_grpc.DataServiceStub(channel)
+    flags = ("--metrics-port", str(mport), "--max-ahead", "8")
     figures: dict[str, Any] = {}
-    try:
-        # Grow the server's RPC thread pool once (it never shrinks): three streams at a time.
-        warm = [LaneReader(stub, 1, consumer=f"warm{i}", limit=2) for i in range(3)]
-        assert wait_until(lambda: all(len(w.seqs) >= 2 for w in warm), 10)
-        for w in warm:
-            w.stop()
-        assert wait_until(lambda: metric(scrape(mport), "zephon_active_streams") == 0, 5)
-        time.sleep(0.3)
+    with _endless_server(corpus_dir, workdir, "cancel", 2, *flags) as (srv, stub):
+        pid = srv.proc.pid
+        _grow_rpc_threads(stub, mport)
         holder = LaneReader(stub, 0, consumer="holder", ack=False)  # never acks: holds lane 0
         assert wait_until(lambda: len(holder.seqs) >= 8, 10)
-        baseline = proc_stats(srv.proc.pid)["threads"]
-        text = scrape(mport)
-        figures["before"] = {
-            "streams": metric(text, "zephon_active_streams"),
-            "consumers": metric(text, "zephon_lane_consumers", 'lane="0"'),
-            "threads": baseline,
-        }
-        reader = LaneReader(stub, 0, consumer="blocked")
-        # Production stops soon past the holder (``--max-ahead`` is checked per chunk): the
-        # reader catches up and then waits inside the hub for a batch that is not coming.
-        seen = [-1]
-
-        def stalled() -> bool:
-            count, seen[0] = seen[0], len(reader.seqs)
-            return count == seen[0] and count > 0
-
-        assert wait_until(stalled, 15, step=0.5), reader.seqs
+        baseline = proc_stats(pid)["threads"]
+        figures["before"] = _lane0_usage(mport, pid, threads=baseline)
+        reader = _blocked_reader(stub)
         figures["blocked_at"] = len(reader.seqs)
-        text = scrape(mport)
-        figures["during"] = {
-            "streams": metric(text, "zephon_active_streams"),
-            "consumers": metric(text, "zephon_lane_consumers", 'lane="0"'),
-            "threads": proc_stats(srv.proc.pid)["threads"],
-        }
+        figures["during"] = _lane0_usage(mport, pid)
         cancelled = time.monotonic()
         reader.stop()
-
-        def released() -> bool:
-            text = scrape(mport)
-            return (
-                metric(text, "zephon_active_streams") == figures["before"]["streams"]
-                and metric(text, "zephon_lane_consumers", 'lane="0"')
-                == figures["before"]["consumers"]
-                and proc_stats(srv.proc.pid)["threads"] <= baseline
-            )
-
-        figures["freed"] = wait_until(released, 1.0, step=0.02)
+        figures["freed"] = _released_within_1s(mport, pid, figures["before"])
         figures["freed_s"] = time.monotonic() - cancelled
-        text = scrape(mport)
-        figures["after"] = {
-            "streams": metric(text, "zephon_active_streams"),
-            "consumers": metric(text, "zephon_lane_consumers", 'lane="0"'),
-            "threads": proc_stats(srv.proc.pid)["threads"],
-        }
+        figures["after"] = _lane0_usage(mport, pid)
         holder.stop()
-    finally:
-        channel.close()
-        code = srv.terminate()
-    assert code == 0, srv.output()[-3000:]
     return figures
 
 
 def run_stream_limit(corpus_dir: Path, workdir: Path, limit: int = 3) -> dict[str, Any]:
     """``--max-streams limit``: one stream more gets RESOURCE_EXHAUSTED while health and
     GetInfo answer; after one stream closes a new one opens."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = endless_config(workdir / "limit.yaml", corpus_dir, lanes=4)
-    srv = ServerProcess(["--config", str(cfg), "--max-streams", str(limit)], workdir)
-    channel = grpc.insecure_channel(srv.address)
-    stub = pb_grpc.DataServiceStub(channel)
     figures: dict[str, Any] = {}
-    try:
+    flags = ("--max-streams", str(limit))
+    with _endless_server(corpus_dir, workdir, "limit", 4, *flags) as (srv, stub):
         readers = [LaneReader(stub, lane, consumer=f"r{lane}") for lane in range(limit)]
         assert wait_until(lambda: all(r.seqs for r in readers), 10)
         extra = LaneReader(stub, limit, consumer="extra")
@@ -339,8 +347,4 @@ def run_stream_limit(corpus_dir: Path, workdir: Path, limit: int = 3) -> dict[st
         for r in [*readers, extra, again]:
             if r is not None:
                 r.stop()
-    finally:
-        channel.close()
-        code = srv.terminate()
-    assert code == 0, srv.output()[-3000:]
     return figures

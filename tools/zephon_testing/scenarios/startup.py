@@ -6,6 +6,7 @@ check what their tests check and return what they measured.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -296,79 +298,121 @@ def outcome(err: grpc.RpcError) -> str:
     return f"{err.code().name}: {err.details()}"
 
 
-def run_signed_checkpoints(cfg: Path, unsigned: bytes, tmp_path: Path) -> dict[str, str]:
-    """Servers with key A, with key B (from the environment) and without a key, given a
-    signed, a forged (payload edited, checksum recomputed) and an unsigned checkpoint, over
-    Resume and at start-up. Checks each outcome; returns them by case."""
-    from zephon_server.engine.checkpoint_key import CheckpointKey
-    from zephon_testing.scenarios.checkpoint_signing import forge
+@contextlib.contextmanager
+def _serving(args: list[str], workdir: Path, env: dict | None = None) -> Iterator[ServerProcess]:
+    """A server that must exit with 0 once the block is done (checked even if it failed)."""
+    srv = ServerProcess(args, workdir, env=env)
+    try:
+        yield srv
+    finally:
+        assert srv.terminate() == 0, srv.output()[-3000:]
 
+
+def _write_keys(tmp_path: Path) -> tuple[Path, Path]:
+    """Two checkpoint key files, key A and key B."""
     key_a, key_b = tmp_path / "a.key", tmp_path / "b.key"
     key_a.write_text("key A: 0123456789abcdef0123456789\n")
     key_b.write_text("key B: fedcba9876543210fedcba9876\n")
-    state_a = tmp_path / "state-a"
-    base = ["--config", str(cfg)]
-    out: dict[str, str] = {}
-    srv_a = ServerProcess(
-        [*base, "--state-dir", str(state_a), "--checkpoint-key-file", str(key_a)], tmp_path
+    return key_a, key_b
+
+
+def _denied(call, request) -> grpc.RpcError:
+    """The error of a call that must be refused with PERMISSION_DENIED."""
+    err = rpc_error(call, request)
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err.details()
+    return err
+
+
+def _resume_with_key_a(
+    srv: ServerProcess, key_a: Path, unsigned: bytes, out: dict[str, str]
+) -> tuple[bytes, bytes]:
+    """A server with key A signs its checkpoint, resumes it (bytes and id) and refuses a
+    forged and an unsigned one; their outcomes go to ``out``. Returns (signed, forged)."""
+    from zephon_server.engine.checkpoint_key import CheckpointKey
+    from zephon_testing.scenarios.checkpoint_signing import forge
+
+    stub = srv.stub()
+    reply = stub.Checkpoint(pb.CheckpointRequest(tag="signed"), timeout=30)
+    signed = reply.state
+    assert (
+        signed[8] == SIGNED_VERSION and len(signed) == len(ResumeState.decode(signed).encode()) + 32
     )
-    try:
-        stub = srv_a.stub()
-        reply = stub.Checkpoint(pb.CheckpointRequest(tag="signed"), timeout=30)
-        signed = reply.state
-        assert (
-            signed[8] == SIGNED_VERSION
-            and len(signed) == len(ResumeState.decode(signed).encode()) + 32
-        )
-        assert CheckpointKey.from_file(key_a).verify(signed[:10] + signed[74:], signed[42:74])
-        stub.Resume(pb.ResumeRequest(state=signed), timeout=30)
-        stub.Resume(pb.ResumeRequest(checkpoint_id=reply.checkpoint_id), timeout=30)
-        out["key A: Resume of its own signed checkpoint (bytes and id)"] = "OK"
-        forged = forge(signed, lambda doc: doc.update(tag="forged"))
-        err = rpc_error(stub.Resume, pb.ResumeRequest(state=forged))
-        out["key A: Resume of a forged checkpoint"] = outcome(err)
-        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err.details()
-        assert "signature does not match (forged, or signed with another key)" in err.details()
-        err = rpc_error(stub.Resume, pb.ResumeRequest(state=unsigned))
-        out["key A: Resume of an unsigned checkpoint"] = outcome(err)
-        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err.details()
-        assert "checkpoint is not signed; this server requires signed checkpoints" in err.details()
-        assert "Traceback" not in err.details()
-    finally:
-        assert srv_a.terminate() == 0, srv_a.output()[-3000:]
-    forged_file = tmp_path / "forged.zck"
-    forged_file.write_bytes(forged)
-    # With key A at start-up: the forged file is refused; key B (from the environment) refuses
-    # every checkpoint key A signed, listing them.
+    assert CheckpointKey.from_file(key_a).verify(signed[:10] + signed[74:], signed[42:74])
+    stub.Resume(pb.ResumeRequest(state=signed), timeout=30)
+    stub.Resume(pb.ResumeRequest(checkpoint_id=reply.checkpoint_id), timeout=30)
+    out["key A: Resume of its own signed checkpoint (bytes and id)"] = "OK"
+    forged = forge(signed, lambda doc: doc.update(tag="forged"))
+    err = _denied(stub.Resume, pb.ResumeRequest(state=forged))
+    out["key A: Resume of a forged checkpoint"] = outcome(err)
+    assert "signature does not match (forged, or signed with another key)" in err.details()
+    err = _denied(stub.Resume, pb.ResumeRequest(state=unsigned))
+    out["key A: Resume of an unsigned checkpoint"] = outcome(err)
+    assert "checkpoint is not signed; this server requires signed checkpoints" in err.details()
+    assert "Traceback" not in err.details()
+    return signed, forged
+
+
+def _forged_file_refused_with_key_a(
+    base: list[str], key_a: Path, forged_file: Path, tmp_path: Path, out: dict[str, str]
+) -> None:
+    """With key A at start-up the forged file is refused."""
     res = serve_once(
         [*base, "--checkpoint-key-file", str(key_a), "--resume", str(forged_file)], tmp_path
     )
     line = out["key A: start-up resuming the forged file"] = exit_line(res)
     assert "checkpoint signature does not match (forged" in line
-    env = {"ZEPHON_CHECKPOINT_KEY": key_b.read_text()}
+
+
+def _key_a_state_refused_with_key_b(
+    base: list[str], state_a: Path, env: dict, tmp_path: Path, out: dict[str, str]
+) -> None:
+    """Key B (from the environment in ``env``) refuses every checkpoint key A signed, listing
+    them."""
     res = serve_once([*base, "--state-dir", str(state_a), "--resume", "latest"], tmp_path, env=env)
     line = out["key B: start-up with --resume latest over key A's checkpoints"] = exit_line(res)
     assert "no usable checkpoint" in line and "signature does not match" in line
     assert "from ZEPHON_CHECKPOINT_KEY" in line
-    # Key B over the Resume RPC, and the bytes it hands out (no --state-dir) are signed with B.
-    srv_b = ServerProcess(base, tmp_path, env=env)
-    try:
-        err = rpc_error(srv_b.stub().Resume, pb.ResumeRequest(state=signed))
-        out["key B: Resume of key A's checkpoint"] = outcome(err)
-        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err.details()
-        mine = srv_b.stub().Checkpoint(pb.CheckpointRequest(), timeout=30).state
-        ResumeState.decode(mine, CheckpointKey.from_text(key_b.read_text(), "B"))
-    finally:
-        assert srv_b.terminate() == 0, srv_b.output()[-3000:]
-    # Without a key the forged checkpoint is accepted, at start-up and over the RPC: the
-    # checksum alone cannot tell.
-    srv_n = ServerProcess([*base, "--resume", str(forged_file)], tmp_path)
-    try:
-        resumed = [line for line in srv_n.output().splitlines() if "resumed from" in line]
-        assert resumed, srv_n.output()[-3000:]
-        out["no key: start-up resuming the forged file"] = "accepted: " + resumed[0]
-        srv_n.stub().Resume(pb.ResumeRequest(state=forged), timeout=30)
-        out["no key: Resume of the forged checkpoint"] = "OK (accepted)"
-    finally:
-        assert srv_n.terminate() == 0, srv_n.output()[-3000:]
+
+
+def _resume_with_key_b(srv: ServerProcess, signed: bytes, key_b: Path, out: dict[str, str]) -> None:
+    """Key B over the Resume RPC refuses key A's checkpoint, and the bytes it hands out (no
+    --state-dir) are signed with B."""
+    from zephon_server.engine.checkpoint_key import CheckpointKey
+
+    err = _denied(srv.stub().Resume, pb.ResumeRequest(state=signed))
+    out["key B: Resume of key A's checkpoint"] = outcome(err)
+    mine = srv.stub().Checkpoint(pb.CheckpointRequest(), timeout=30).state
+    ResumeState.decode(mine, CheckpointKey.from_text(key_b.read_text(), "B"))
+
+
+def _forged_accepted_without_key(srv: ServerProcess, forged: bytes, out: dict[str, str]) -> None:
+    """Without a key the forged checkpoint is accepted, at start-up (``srv`` resumed it) and
+    over the RPC: the checksum alone cannot tell."""
+    resumed = [line for line in srv.output().splitlines() if "resumed from" in line]
+    assert resumed, srv.output()[-3000:]
+    out["no key: start-up resuming the forged file"] = "accepted: " + resumed[0]
+    srv.stub().Resume(pb.ResumeRequest(state=forged), timeout=30)
+    out["no key: Resume of the forged checkpoint"] = "OK (accepted)"
+
+
+def run_signed_checkpoints(cfg: Path, unsigned: bytes, tmp_path: Path) -> dict[str, str]:
+    """Servers with key A, with key B (from the environment) and without a key, given a
+    signed, a forged (payload edited, checksum recomputed) and an unsigned checkpoint, over
+    Resume and at start-up. Checks each outcome; returns them by case."""
+    key_a, key_b = _write_keys(tmp_path)
+    state_a = tmp_path / "state-a"
+    base = ["--config", str(cfg)]
+    out: dict[str, str] = {}
+    key_a_args = [*base, "--state-dir", str(state_a), "--checkpoint-key-file", str(key_a)]
+    with _serving(key_a_args, tmp_path) as srv:
+        signed, forged = _resume_with_key_a(srv, key_a, unsigned, out)
+    forged_file = tmp_path / "forged.zck"
+    forged_file.write_bytes(forged)
+    _forged_file_refused_with_key_a(base, key_a, forged_file, tmp_path, out)
+    env = {"ZEPHON_CHECKPOINT_KEY": key_b.read_text()}
+    _key_a_state_refused_with_key_b(base, state_a, env, tmp_path, out)
+    with _serving(base, tmp_path, env=env) as srv:
+        _resume_with_key_b(srv, signed, key_b, out)
+    with _serving([*base, "--resume", str(forged_file)], tmp_path) as srv:
+        _forged_accepted_without_key(srv, forged, out)
     return out
