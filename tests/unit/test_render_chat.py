@@ -593,3 +593,16 @@ def test_chat_corpus_is_deterministic_and_its_template_is_chatml(tmp_path):
     assert text == "".join(
         f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in rows[0]["messages"]
     )
+
+
+def test_an_empty_contents_stand_in_is_written_as_its_marker_and_answers_as_empty():
+    from zephon_server.engine.chat_layout import EmptyStandIn, stand_in
+
+    s = stand_in("\ue000m\ue002", "")
+    assert isinstance(s, EmptyStandIn) and stand_in("\ue000m\ue002", "text") == "\ue000m\ue002"
+    assert not s and len(s) == 0 and s == "" and s != "x" and hash(s) == hash("")
+    assert "" in s and "x" not in s and "m" not in s
+    assert not s.startswith("\ue000") and not s.endswith("\ue002") and s.startswith("")
+    assert s.strip() is s and s.lstrip("\n") is s and s.rstrip() is s
+    assert "".join(["a", s, "b"]) == "a\ue000m\ue002b"  # written out: the marker
+    assert "a" + s == "a\ue000m\ue002"

@@ -188,3 +188,51 @@ def test_offsets_from_token_lengths_and_from_the_tokenizer_agree_nfc_or_not(qwen
     ids = [np.asarray(e.ids, dtype=np.int32) for e in op.tokenizer._tok.encode_batch(rendered)]
     assert offsets_from_lengths(ids[0], lengths, rendered[0]) is not None  # NFC: from lengths
     assert offsets_from_lengths(ids[1], lengths, rendered[1]) is None  # not NFC: the tokenizer's
+
+
+CALL = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def tool_conversation(content: str | None) -> dict[str, Any]:
+    return {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": content, "tool_calls": CALL},
+            {"role": "tool", "content": "18C"},
+            {"role": "assistant", "content": "It is 18C."},
+        ]
+    }
+
+
+def test_a_tool_call_turn_trains_its_call_and_end_with_an_empty_or_null_content(qwen3):
+    # The OpenAI format gives a tool-calling turn a null or empty content. Qwen3's template
+    # writes a newline before the call only after a non-empty content, so a probe whose
+    # content answered as a non-empty marker would lay out another turn: the empty content's
+    # stand-in answers as the empty string does.
+    op = RenderChat(tokenizer=qwen3)
+    empty, null, worded = render(op, [tool_conversation(c) for c in ("", None, "Let me check.")])
+    runs = [
+        trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
+        for out in (empty, null, worded)
+    ]
+    assert runs[0] == [CALL_TEXT + END, "It is 18C." + END]
+    assert runs[2] == ["Let me check.\n" + CALL_TEXT + END, "It is 18C." + END]
+    for key in ("input_ids", "loss_mask"):  # null is read as the empty content
+        assert np.array_equal(empty.payload[key], null.payload[key])
+    text = decode(op, empty.payload["input_ids"])
+    assert "<tool_response>\n18C\n</tool_response>" in text  # the tool's answer, not trained
+    assert not any("18C\n</tool_response>" in run for run in runs[0])
+
+
+def test_a_null_content_without_tool_calls_is_a_chat_error_naming_the_message(qwen3):
+    op = RenderChat(tokenizer=qwen3)
+    conv = tool_conversation(None)
+    del conv["messages"][1]["tool_calls"]
+    with pytest.raises(
+        DataError,
+        match=r"messages\[1\] \(assistant\): 'content' must be a "
+        r"string, got NoneType \(null is read as empty only in a message with "
+        r"tool_calls\)",
+    ):
+        render(op, [conv])

@@ -50,7 +50,10 @@ class ChatLayout:
 
 
 def check_messages(value: Any, field: str, max_messages: int) -> list[dict[str, Any]]:
-    """``value`` as a list of ``{role, content}`` mappings, or a :class:`ChatError`."""
+    """``value`` as a list of ``{role, content}`` mappings, or a :class:`ChatError`.
+
+    A message that calls tools (a non-empty ``tool_calls`` list) may have a null content, as
+    the OpenAI format writes it: it is read as the empty content."""
     if not isinstance(value, list):
         raise ChatError(f"field {field!r} must be a list of messages, got {type(value).__name__}")
     if not value:
@@ -58,16 +61,32 @@ def check_messages(value: Any, field: str, max_messages: int) -> list[dict[str, 
     if len(value) > max_messages:
         raise ChatError(f"field {field!r} has {len(value)} messages, more than {max_messages}")
     for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise ChatError(f"{field}[{i}] must be an object, got {type(message).__name__}")
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or not role:
-            raise ChatError(f"{field}[{i}] has no 'role' string (got {role!r})")
-        if not isinstance(content, str):
-            raise ChatError(
-                f"{field}[{i}] ({role}): 'content' must be a string, got {type(content).__name__}"
-            )
+        _check_message(field, i, message)
+    if any(m.get("content") is None for m in value):
+        return [{**m, "content": ""} if m.get("content") is None else m for m in value]
     return value
+
+
+def _check_message(field: str, i: int, message: Any) -> None:
+    """A :class:`ChatError` unless ``message`` is a mapping with a role and a string content
+    (or a null one, in a message with tool calls)."""
+    if not isinstance(message, dict):
+        raise ChatError(f"{field}[{i}] must be an object, got {type(message).__name__}")
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not role:
+        raise ChatError(f"{field}[{i}] has no 'role' string (got {role!r})")
+    if isinstance(content, str) or (content is None and _calls_tools(message)):
+        return
+    hint = " (null is read as empty only in a message with tool_calls)" if content is None else ""
+    raise ChatError(
+        f"{field}[{i}] ({role}): 'content' must be a string, got {type(content).__name__}{hint}"
+    )
+
+
+def _calls_tools(message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` carries a non-empty ``tool_calls`` list."""
+    calls = message.get("tool_calls")
+    return isinstance(calls, list) and bool(calls)
 
 
 def trained_indices(messages: Sequence[dict[str, Any]], train_on: str) -> list[int]:
@@ -76,6 +95,54 @@ def trained_indices(messages: Sequence[dict[str, Any]], train_on: str) -> list[i
         return list(range(len(messages)))
     assistants = [i for i, m in enumerate(messages) if m["role"] == ASSISTANT]
     return assistants[-1:] if train_on == "last_assistant" else assistants
+
+
+class EmptyStandIn(str):
+    """A marker standing in for an *empty* content: written out as the marker, it answers the
+    questions templates ask of a content (``if content``, ``content | length``, ``content ==
+    ''``, ``'x' in content``, ``startswith``, stripping) as the empty string does. Templates
+    write some turns differently when the content is empty (Qwen's tool calls lose the newline
+    before them), so a marker that answered as itself would lay out another turn than the real
+    one. Anything else it answers as its marker does; a template that takes another path then
+    does not fit the real rendering, and the conversation cannot be attributed (never a
+    misplaced range: the placement checks the real rendering character by character)."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return other == ""
+
+    def __ne__(self, other: object) -> bool:
+        return other != ""
+
+    def __hash__(self) -> int:
+        return hash("")
+
+    def __contains__(self, item: object) -> bool:
+        return item == ""
+
+    def startswith(self, prefix: Any, *args: Any) -> bool:  # type: ignore[override]
+        return "".startswith(prefix, *args)
+
+    def endswith(self, suffix: Any, *args: Any) -> bool:  # type: ignore[override]
+        return "".endswith(suffix, *args)
+
+    def strip(self, chars: str | None = None) -> EmptyStandIn:  # type: ignore[override]
+        return self
+
+    lstrip = rstrip = strip
+
+
+def stand_in(marker: str, content: str) -> str:
+    """What a probe rendering writes in place of ``content``: its marker, answering as the
+    empty string for an empty content (:class:`EmptyStandIn`)."""
+    return EmptyStandIn(marker) if content == "" else marker
 
 
 def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str:
@@ -96,7 +163,10 @@ def _content_ranges(
     stripped for templates that ``trim``)."""
     probe = _render(
         template,
-        [{**m, "content": _marker(i)} if i in indices else m for i, m in enumerate(messages)],
+        [
+            {**m, "content": stand_in(_marker(i), m["content"])} if i in indices else m
+            for i, m in enumerate(messages)
+        ],
     )
     try:
         ranges = place(cut(probe, indices), [messages[i]["content"] for i in indices], full)
@@ -127,7 +197,10 @@ def _misplaced(bad: Misplaced, messages: Sequence[dict[str, Any]], indices: list
 def _close(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int) -> str:
     """What the template writes after message ``i``'s content when the conversation ends with
     it: the conversation rendered up to message ``i``, its content replaced by a marker."""
-    probe = _render(template, [*messages[:i], {**messages[i], "content": MARKER}])
+    message = messages[i]
+    probe = _render(
+        template, [*messages[:i], {**message, "content": stand_in(MARKER, message["content"])}]
+    )
     at = probe.find(MARKER)
     if at < 0:
         raise ChatError(f"message {i}: the chat template does not write the content")
