@@ -449,6 +449,25 @@ def test_text_around_a_turn_that_depends_on_its_content_is_a_chat_error(tmp_path
         render(op, [conv])
 
 
+def test_text_after_a_turn_that_depends_on_its_content_names_both_turns(tmp_path):
+    # What follows message 1's content changes with it; the text that differs lies between
+    # the contents of messages 1 and 3, and the error names both.
+    template = tmp_path / "peeking_after.jinja"
+    template.write_text(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+        "{% if 'x' in m['content'] %}!{% endif %}|{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template))
+    roles = ("user", "assistant", "user", "assistant")
+    conv = {"messages": [{"role": r, "content": c} for r, c in zip(roles, ["q", "ax", "r", "b"])]}
+    with pytest.raises(
+        DataError,
+        match=r"messages 1 \(assistant\) to 3 \(assistant\): the chat template writes "
+        r"the text between their contents differently",
+    ):
+        render(op, [conv])
+
+
 # ------------------------------------------------------------ a real pipeline, every runner
 
 

@@ -191,6 +191,13 @@ def _misplaced(bad: Misplaced, messages: Sequence[dict[str, Any]], indices: list
             "contents, so the turns cannot be attributed"
         )
     i = indices[bad.k]
+    if bad.why == "around" and bad.k > 0:  # the text that differs follows the previous one
+        j = indices[bad.k - 1]
+        return (
+            f"messages {j} ({messages[j]['role']}) to {i} ({messages[i]['role']}): the chat "
+            "template writes the text between their contents differently depending on them, "
+            "so the turns cannot be attributed"
+        )
     return f"message {i} ({messages[i]['role']}): {_WHY[bad.why]}"
 
 
