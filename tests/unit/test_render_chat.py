@@ -615,7 +615,7 @@ def test_chat_corpus_is_deterministic_and_its_template_is_chatml(tmp_path):
 
 
 def test_an_empty_contents_stand_in_is_written_as_its_marker_and_answers_as_empty():
-    from zephon_server.engine.chat_layout import EmptyStandIn, stand_in
+    from zephon_server.engine.chat_trace import EmptyStandIn, stand_in
 
     s = stand_in("\ue000m\ue002", "")
     assert isinstance(s, EmptyStandIn) and stand_in("\ue000m\ue002", "text") == "\ue000m\ue002"

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 from .chat_skeleton import Misplaced, Skeletons, cut, place
 from .chat_template import ChatTemplate, ChatTemplateError
-from .chat_trace import MARKER
+from .chat_trace import MARKER, stand_in
 from .chat_trace import marker as _marker
 
 #: Which messages are trained: every assistant turn, the last one, or every turn.
@@ -95,54 +95,6 @@ def trained_indices(messages: Sequence[dict[str, Any]], train_on: str) -> list[i
         return list(range(len(messages)))
     assistants = [i for i, m in enumerate(messages) if m["role"] == ASSISTANT]
     return assistants[-1:] if train_on == "last_assistant" else assistants
-
-
-class EmptyStandIn(str):
-    """A marker standing in for an *empty* content: written out as the marker, it answers the
-    questions templates ask of a content (``if content``, ``content | length``, ``content ==
-    ''``, ``'x' in content``, ``startswith``, stripping) as the empty string does. Templates
-    write some turns differently when the content is empty (Qwen's tool calls lose the newline
-    before them), so a marker that answered as itself would lay out another turn than the real
-    one. Anything else it answers as its marker does; a template that takes another path then
-    does not fit the real rendering, and the conversation cannot be attributed (never a
-    misplaced range: the placement checks the real rendering character by character)."""
-
-    __slots__ = ()
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __len__(self) -> int:
-        return 0
-
-    def __eq__(self, other: object) -> bool:
-        return other == ""
-
-    def __ne__(self, other: object) -> bool:
-        return other != ""
-
-    def __hash__(self) -> int:
-        return hash("")
-
-    def __contains__(self, item: object) -> bool:
-        return item == ""
-
-    def startswith(self, prefix: Any, *args: Any) -> bool:  # type: ignore[override]
-        return "".startswith(prefix, *args)
-
-    def endswith(self, suffix: Any, *args: Any) -> bool:  # type: ignore[override]
-        return "".endswith(suffix, *args)
-
-    def strip(self, chars: str | None = None) -> EmptyStandIn:  # type: ignore[override]
-        return self
-
-    lstrip = rstrip = strip
-
-
-def stand_in(marker: str, content: str) -> str:
-    """What a probe rendering writes in place of ``content``: its marker, answering as the
-    empty string for an empty content (:class:`EmptyStandIn`)."""
-    return EmptyStandIn(marker) if content == "" else marker
 
 
 def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str:

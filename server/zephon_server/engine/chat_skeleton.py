@@ -29,7 +29,7 @@ from typing import Any
 
 from . import chat_budget
 from .chat_template import ChatTemplate, ChatTemplateError
-from .chat_trace import MARKER, Check, Tracer, holds, marker
+from .chat_trace import MARKER, Check, Tracer, holds, marker, stand_in
 
 _ABSENT: Any = object()
 #: Shapes kept per operator (least recently used ones go first).
@@ -37,12 +37,21 @@ MAX_SHAPES = 4096
 #: Largest shape kept, in characters of its roles and non-content fields: a shape carrying long
 #: fields (``reasoning_content``, big ``tool_calls``) or hundreds of turns is rarely met twice.
 MAX_SHAPE_CHARS = 4096
+#: Marks a message with an empty content in its shape.
+EMPTY = "\x00"
 
 
 def shape_of(messages: Sequence[dict[str, Any]]) -> tuple[str, ...]:
-    """What a conversation's rendering may depend on besides its contents: the roles, and
-    every other field of a message (``name``, ``tool_calls``, ...) in a canonical form."""
-    return tuple([m["role"] if len(m) == 2 else _fields(m) for m in messages])
+    """What a conversation's rendering may depend on besides its contents: the roles, every
+    other field of a message (``name``, ``tool_calls``, ...) in a canonical form, and which
+    contents are empty (templates write some turns differently then: their markers answer as
+    the empty string, :class:`.chat_trace.EmptyStandIn`)."""
+    return tuple(
+        [
+            (EMPTY if m["content"] == "" else "") + (m["role"] if len(m) == 2 else _fields(m))
+            for m in messages
+        ]
+    )
 
 
 def _fields(message: dict[str, Any]) -> str:
@@ -63,7 +72,7 @@ class Skeleton:
         checks: tuple[Check, ...] | None = None,
     ) -> None:
         self._template = template
-        self._shape = [{**m, "content": marker(j)} for j, m in enumerate(messages)]
+        self._shape = markers_in(messages)
         self.pieces = tuple(pieces)
         self.checks = checks  # None: every conversation of the shape is rendered
         self._closes: dict[int, str | None] = {}
@@ -145,6 +154,11 @@ class Skeletons:
         return skeleton
 
 
+def markers_in(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with every content replaced by its marker (:func:`.chat_trace.stand_in`)."""
+    return [{**m, "content": stand_in(marker(j), m["content"])} for j, m in enumerate(messages)]
+
+
 def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str | None:
     try:
         return template.render(messages)
@@ -155,7 +169,7 @@ def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str |
 def _build(
     template: ChatTemplate, tracer: Tracer, messages: Sequence[dict[str, Any]]
 ) -> Skeleton | None:
-    probe = _render(template, [{**m, "content": marker(j)} for j, m in enumerate(messages)])
+    probe = _render(template, markers_in(messages))
     if probe is None:
         return None
     try:

@@ -9,7 +9,8 @@ shape finds out, once per shape: each content is an :class:`Opaque` value that
   (:class:`Joined`);
 * answers questions (``'</think>' in content``, ``content == ''``, ``if content``,
   ``content.startswith(...)``, ``content is string`` and every other test) as its marker
-  does, and each question and answer is recorded;
+  does, or as the empty string for an empty content (whose emptiness is part of the shape,
+  :class:`EmptyStandIn`), and each question and answer is recorded;
 * can be stripped (``content.strip()``, ``content.lstrip('\\n')``, ``| trim``) when that leaves
   the marker as it is: recorded as the question "does stripping leave it as it is?";
 
@@ -44,6 +45,54 @@ MARKER = "\ue000zephon-content\ue001"
 def marker(i: int) -> str:
     """The marker standing in for message ``i``'s content (a new string on every call)."""
     return f"{MARKER}{i}\ue002"
+
+
+class EmptyStandIn(str):
+    """A marker standing in for an *empty* content: written out as the marker, it answers the
+    questions templates ask of a content (``if content``, ``content | length``, ``content ==
+    ''``, ``'x' in content``, ``startswith``, stripping) as the empty string does. Templates
+    write some turns differently when the content is empty (Qwen's tool calls lose the newline
+    before them), so a marker that answered as itself would lay out another turn than the real
+    one. Anything else it answers as its marker does; a template that takes another path then
+    does not fit the real rendering, and the conversation cannot be attributed (never a
+    misplaced range: the placement checks the real rendering character by character)."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return other == ""
+
+    def __ne__(self, other: object) -> bool:
+        return other != ""
+
+    def __hash__(self) -> int:
+        return hash("")
+
+    def __contains__(self, item: object) -> bool:
+        return item == ""
+
+    def startswith(self, prefix: Any, *args: Any) -> bool:  # type: ignore[override]
+        return "".startswith(prefix, *args)
+
+    def endswith(self, suffix: Any, *args: Any) -> bool:  # type: ignore[override]
+        return "".endswith(suffix, *args)
+
+    def strip(self, chars: str | None = None) -> EmptyStandIn:  # type: ignore[override]
+        return self
+
+    lstrip = rstrip = strip
+
+
+def stand_in(marker: str, content: str) -> str:
+    """What a probe rendering writes in place of ``content``: its marker, answering as the
+    empty string for an empty content (:class:`EmptyStandIn`)."""
+    return EmptyStandIn(marker) if content == "" else marker
 
 
 #: One recorded question: (message index, question, its arguments, the answer to expect).
@@ -96,17 +145,19 @@ class _Trace:
     """What one traced rendering recorded: its checks, and the texts it wrote for contents."""
 
     def __init__(self, markers: Sequence[str]) -> None:
-        self.markers = markers
+        self.markers = markers  # what each content's questions are answered as
         self.checks: dict[Check, None] = {}  # each question once, in the order first asked
         self.limit = MAX_CHECKS_BASE + MAX_CHECKS_PER_MESSAGE * len(markers)
         self.written: dict[int, str] = {}  # id -> text: kept alive, so ids stay unique
 
     def ask(self, i: int, question: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """The answer of content ``i``'s marker to ``question(content, *args)``, recorded."""
+        """The answer of content ``i``'s marker to ``question(content, *args)``, recorded (an
+        empty content's marker answers as the empty string)."""
         if not all(_plain(a) for a in args):
             raise NotTraceable("a content compared with another content")
+        standing = self.markers[i]
         try:
-            answer = question(self.markers[i], *args)
+            answer = question("" if type(standing) is EmptyStandIn else standing, *args)
         except Exception as exc:
             raise NotTraceable(f"a question a content cannot answer: {exc}") from None
         if type(answer) is not bool:
@@ -318,7 +369,7 @@ class Tracer:
         if compiled is None:
             return None
         template, scope = compiled
-        trace = _Trace([marker(i) for i in range(len(messages))])
+        trace = _Trace([stand_in(marker(i), m["content"]) for i, m in enumerate(messages)])
         traced = [{**m, "content": Opaque(i, trace)} for i, m in enumerate(messages)]
         scope = scope.copy()
         scope["messages"] = traced
