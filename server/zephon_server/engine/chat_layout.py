@@ -60,9 +60,15 @@ def check_messages(value: Any, field: str, max_messages: int) -> list[dict[str, 
         raise ChatError(f"field {field!r} is an empty list of messages")
     if len(value) > max_messages:
         raise ChatError(f"field {field!r} has {len(value)} messages, more than {max_messages}")
+    nulls = False
     for i, message in enumerate(value):
-        _check_message(field, i, message)
-    if any(m.get("content") is None for m in value):
+        if type(message) is dict:  # the common case, checked inline
+            role, content = message.get("role"), message.get("content")
+            if type(content) is str and type(role) is str and role:
+                continue
+        _check_message(field, i, message)  # raises, unless a null content beside tool calls
+        nulls = True
+    if nulls:
         return [{**m, "content": ""} if m.get("content") is None else m for m in value]
     return value
 
