@@ -113,14 +113,35 @@ def test_shapes_are_roles_and_every_other_field_and_the_cache_is_bounded():
     base = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     named = [{"role": "user", "content": "a", "name": "x"}, {"role": "assistant", "content": "c"}]
     assert shape_of(base) == ("user", "assistant")
-    assert shape_of(named)[0] == json.dumps({"name": "x", "role": "user"}, sort_keys=True)
+    assert shape_of(named)[0] == (json.dumps({"name": "x", "role": "user"}, sort_keys=True), False)
     assert shape_of(base) == shape_of([{**m, "content": "other"} for m in base])
+    assert shape_of([base[0], {**base[1], "content": ""}]) == (
+        "user",
+        ('{"role": "assistant"}', True),
+    )
     tpl = template(CHATML)
     skeletons = Skeletons(tpl, max_shapes=2)
     for n in range(1, 5):
         skeletons.get(base * n)
     assert len(skeletons._cache) == 2
     assert [len(k) for k in skeletons._cache] == [6, 8]  # the most recent shapes are kept
+
+
+def test_no_role_passes_for_another_messages_fields_or_emptiness():
+    # A role spelling out another message's fields, or an empty content, must not share its
+    # shape: the skeleton would then write that other message's text.
+    fields = json.dumps({"name": "x", "role": "user"}, sort_keys=True)
+    named = [{"role": "user", "content": "a", "name": "x"}, {"role": "assistant", "content": "b"}]
+    posing = [{"role": fields, "content": "a"}, {"role": "assistant", "content": "b"}]
+    empty = [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]
+    shapes = {shape_of(m) for m in (named, posing, empty, [empty[0], {**empty[1], "content": "c"}])}
+    assert len(shapes) == 4
+    tpl = template("{% for m in messages %}<{{ m.role }}>{{ m.content }}|{% endfor %}")
+    skeletons = Skeletons(tpl)
+    for messages in (named, posing, empty, posing, named):
+        assert layout_chat(tpl, messages, "assistant", skeletons) == layout_chat(
+            tpl, messages, "assistant", None
+        )
 
 
 def test_a_shape_with_long_fields_is_laid_out_but_not_kept():

@@ -37,21 +37,28 @@ MAX_SHAPES = 4096
 #: Largest shape kept, in characters of its roles and non-content fields: a shape carrying long
 #: fields (``reasoning_content``, big ``tool_calls``) or hundreds of turns is rarely met twice.
 MAX_SHAPE_CHARS = 4096
-#: Marks a message with an empty content in its shape.
-EMPTY = "\x00"
+#: One message of a shape: its role (a role and a non-empty content, the common case), or
+#: ``(fields, empty)`` with its fields but the content in a canonical form. A string never
+#: equals a tuple, so no role can pass for another message's fields.
+Part = str | tuple[str, bool]
 
 
-def shape_of(messages: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+def shape_of(messages: Sequence[dict[str, Any]]) -> tuple[Part, ...]:
     """What a conversation's rendering may depend on besides its contents: the roles, every
     other field of a message (``name``, ``tool_calls``, ...) in a canonical form, and which
     contents are empty (templates write some turns differently then: their markers answer as
     the empty string, :class:`.chat_trace.EmptyStandIn`)."""
     return tuple(
         [
-            (EMPTY if m["content"] == "" else "") + (m["role"] if len(m) == 2 else _fields(m))
+            m["role"] if len(m) == 2 and m["content"] != "" else (_fields(m), m["content"] == "")
             for m in messages
         ]
     )
+
+
+def shape_chars(shape: tuple[Part, ...]) -> int:
+    """Characters of a shape's roles and fields."""
+    return sum(len(part) if type(part) is str else len(part[0]) for part in shape)
 
 
 def _fields(message: dict[str, Any]) -> str:
@@ -128,7 +135,7 @@ class Skeletons:
         self._template = template
         self._tracer = Tracer(template)
         self._max = max_shapes
-        self._cache: OrderedDict[tuple[str, ...], Skeleton | None] = OrderedDict()
+        self._cache: OrderedDict[tuple[Part, ...], Skeleton | None] = OrderedDict()
         self._lock = threading.Lock()  # the threads runner's workers share one operator
 
     def get(self, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
@@ -145,7 +152,7 @@ class Skeletons:
                 pass
             return found
         skeleton = _build(self._template, self._tracer, messages)  # the same for every caller
-        if sum(len(part) for part in key) > MAX_SHAPE_CHARS:
+        if shape_chars(key) > MAX_SHAPE_CHARS:
             return skeleton  # too big to keep (see MAX_SHAPE_CHARS)
         with self._lock:
             self._cache[key] = skeleton
