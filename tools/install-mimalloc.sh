@@ -9,7 +9,9 @@
 set -euo pipefail
 best_effort=""
 [ "${1:-}" = "--best-effort" ] && best_effort=1
-have() { ldconfig -p 2>/dev/null | grep -q 'libmimalloc\.so\.2 '; }
+# Reads ldconfig's whole output first: with pipefail, `ldconfig -p | grep -q` fails whenever grep
+# exits at its match while ldconfig still writes (SIGPIPE), and mimalloc then looked missing.
+have() { grep -q 'libmimalloc\.so\.2 ' <<<"$(ldconfig -p 2>/dev/null)"; }
 fail() {
   if [ -n "$best_effort" ]; then
     echo "install-mimalloc: $* (the server runs on glibc malloc)" >&2
