@@ -76,6 +76,22 @@ def parse_config(
     data: Any, *, base_dir: str = ".", source: str = "config"
 ) -> tuple[Pipeline, ExecutionConfig]:
     """Validate a config mapping and build the pipeline (see the module docstring)."""
+    _check_top_level(data, source)
+    datasets = [_dataset(i, entry) for i, entry in enumerate(_list(data, "datasets"))]
+    settings = {
+        k: data[k]
+        for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks", "end_of_data")
+        if k in data
+    }
+    pipeline = Pipeline(datasets, base_dir=base_dir, **settings)
+    for i, entry in enumerate(_list(data, "pipeline")):
+        _add_operator(pipeline, i, entry, base_dir)
+    return pipeline, _execution(data, base_dir)
+
+
+def _check_top_level(data: Any, source: str) -> None:
+    """A :class:`ConfigError` unless ``data`` is a mapping of known keys with the required
+    ones."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at top level, got {type(data).__name__}")
     unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
@@ -86,39 +102,38 @@ def parse_config(
     for key in ("datasets", "pipeline"):
         if key not in data:
             raise ConfigError(f"{source}: missing required key {key!r}")
-    datasets = [_dataset(i, entry) for i, entry in enumerate(_list(data, "datasets"))]
-    settings = {
-        k: data[k]
-        for k in ("seed", "lanes", "chunk_size", "flush_every_k_chunks", "end_of_data")
-        if k in data
-    }
-    pipeline = Pipeline(datasets, base_dir=base_dir, **settings)
-    for i, entry in enumerate(_list(data, "pipeline")):
-        name, params = _op_entry(i, entry)
-        params = _resolve_paths(name, params, base_dir)
-        accepted = OPERATORS[name].accepted_params()
-        missing = sorted(
-            n
-            for n, prm in accepted.items()
-            if prm.default is prm.empty and prm.kind is prm.KEYWORD_ONLY and n not in params
+
+
+def _add_operator(pipeline: Pipeline, i: int, entry: Any, base_dir: str) -> None:
+    """Add ``pipeline[i]`` to ``pipeline``, its parameters checked against the operator's
+    (every error names the entry)."""
+    name, params = _op_entry(i, entry)
+    params = _resolve_paths(name, params, base_dir)
+    accepted = OPERATORS[name].accepted_params()
+    missing = sorted(
+        n
+        for n, prm in accepted.items()
+        if prm.default is prm.empty and prm.kind is prm.KEYWORD_ONLY and n not in params
+    )
+    if missing:
+        raise ConfigError(
+            f"pipeline[{i}].{name}: missing required parameter {missing[0]!r} "
+            f"(e.g. '- {name}: {{{missing[0]}: ...}}')"
         )
-        if missing:
-            raise ConfigError(
-                f"pipeline[{i}].{name}: missing required parameter {missing[0]!r} "
-                f"(e.g. '- {name}: {{{missing[0]}: ...}}')"
-            )
-        unknown = sorted(set(params) - set(accepted) - {"kwargs"})
-        if unknown:
-            names = sorted(n for n in accepted if n != "kwargs")
-            raise ConfigError(
-                f"pipeline[{i}].{name}: unknown parameter {unknown[0]!r}; accepted: {names}"
-            )
-        try:
-            pipeline.add(name, **params)
-        except ConfigError as exc:
-            raise ConfigError(f"pipeline[{i}].{name}: {exc}") from exc
-        except TypeError as exc:
-            raise ConfigError(f"pipeline[{i}].{name}: {exc}") from exc
+    unknown = sorted(set(params) - set(accepted) - {"kwargs"})
+    if unknown:
+        names = sorted(n for n in accepted if n != "kwargs")
+        raise ConfigError(
+            f"pipeline[{i}].{name}: unknown parameter {unknown[0]!r}; accepted: {names}"
+        )
+    try:
+        pipeline.add(name, **params)
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"pipeline[{i}].{name}: {exc}") from exc
+
+
+def _execution(data: dict[str, Any], base_dir: str) -> ExecutionConfig:
+    """The ``execution`` section, with the top-level index directory and disk budgets."""
     execution_data = data.get("execution") or {}
     if not isinstance(execution_data, dict):
         raise ConfigError(f"execution: expected a mapping, got {type(execution_data).__name__}")
@@ -129,7 +144,7 @@ def parse_config(
         for name in ("index_max_bytes", "spill_max_bytes")
         if data.get(name) is not None
     }
-    return pipeline, dataclasses.replace(execution, index_dir=index_dir, **budgets)
+    return dataclasses.replace(execution, index_dir=index_dir, **budgets)
 
 
 def _index_dir(value: Any, base_dir: str) -> str | None:
