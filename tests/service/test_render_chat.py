@@ -75,3 +75,65 @@ def test_resume_of_a_chat_pipeline_at_every_step_equals_uninterrupted(tmp_path, 
         resumed = lane_chains(PipelineRun(plan, resume=state))
         for lane, seqs in full.items():
             assert resumed[lane] == seqs[positions[lane] :], (cut, lane)
+
+
+@pytest.mark.processes
+def test_tool_calling_chats_are_identical_on_every_runner(tmp_path):
+    # Qwen3's real template, conversations whose tool-calling turns have an empty, a null or a
+    # worded content, mixed: the shapes (empty contents included) are learned per worker in
+    # whatever order records arrive, and no order may change a mask.
+    from pathlib import Path
+
+    from zephon_server.engine.config import parse_config
+    from zephon_server.engine.corpus import write_jsonl
+
+    qwen3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"
+    if not (qwen3 / "tokenizer.json").exists():
+        pytest.fail(f"{qwen3} is missing: run `make tokenizers` (`make test` does)")
+    convs = []
+    for i in range(120):
+        call = {"type": "function", "function": {"name": "lookup", "arguments": {"id": i}}}
+        convs.append(
+            {
+                "messages": [
+                    {"role": "user", "content": f"Find item {i}."},
+                    {
+                        "role": "assistant",
+                        "content": ("", None, f"Looking {i}.")[i % 3],
+                        "tool_calls": [call],
+                    },
+                    {"role": "tool", "content": f"item {i} is blue"},
+                    {"role": "assistant", "content": f"Item {i} is blue."},
+                ]
+            }
+        )
+    write_jsonl(tmp_path / "chat" / "tools.jsonl", convs)
+    config = {
+        "seed": 5,
+        "lanes": 2,
+        "chunk_size": 8,
+        "flush_every_k_chunks": 2,
+        "datasets": [{"name": "chat", "path": str(tmp_path / "chat"), "weight": 1.0}],
+        "pipeline": [
+            {"render_chat": {"tokenizer": str(qwen3 / "tokenizer.json")}},
+            {"pack_flat": {"max_length": 256}},
+            {"batch": {"microbatch_size": 2}},
+        ],
+    }
+    pipe, _ = parse_config(config)
+    oracle = chain_digests(pipe, ExecutionConfig(runner="inline"))
+    batches = sum(len(v) for v in oracle.values())
+    assert len(oracle) == 2 and batches >= 10
+    for runner, workers in (("threads", 3), ("processes", 2)):
+        pipe, _ = parse_config(config)
+        assert chain_digests(pipe, ExecutionConfig(runner=runner, workers=workers)) == oracle
+    run = parse_config(config)[0].run(ExecutionConfig(runner="inline"))
+    tok = run.plan.pipeline.ops[0].tokenizer
+    call, answer = tok.token_id("<tool_call>"), tok.token_id("<tool_response>")
+    calls = 0
+    for batch in run.batches():
+        ids, mask = batch.tensors["input_ids"], batch.tensors["loss_mask"]
+        assert mask[ids == call].all() and not mask[ids == answer].any()
+        calls += int((ids == call).sum())
+    assert calls >= 100  # every call written is trained, whatever its turn's content
+    assert not [reason for (_, reason) in run.tombstones if reason.startswith(("chat", "mask"))]

@@ -430,41 +430,36 @@ def test_a_turn_rendered_differently_when_last_is_still_attributed(tmp_path):
     assert trained_runs(op, ids, mask) == ["a|"]
 
 
-def test_text_around_a_turn_that_depends_on_its_content_is_a_chat_error(tmp_path):
+PEEKING = {
     # The header changes with the content: where the content sits cannot be told apart from
     # what the template wrote because of it.
-    template = tmp_path / "peeking.jinja"
-    template.write_text(
-        "{% for m in messages %}{% if 'secret' in m['content'] %}!{% endif %}"
-        "{{ m['role'] }}: {{ m['content'] }}|{% endfor %}"
-    )
-    op = RenderChat(tokenizer="byte", template=str(template))
-    conv = {
-        "messages": [
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "a secret"},
-        ]
-    }
-    with pytest.raises(DataError, match="differently depending on its content"):
-        render(op, [conv])
-
-
-def test_text_after_a_turn_that_depends_on_its_content_names_both_turns(tmp_path):
-    # What follows message 1's content changes with it; the text that differs lies between
+    "before": (
+        "{% for m in messages %}{% if 'x' in m['content'] %}!{% endif %}"
+        "{{ m['role'] }}: {{ m['content'] }}|{% endfor %}",
+        ["q", "a x"],
+        r"message 1 \(assistant\): .* differently depending on its content",
+    ),
+    # What follows message 1's content changes with it: the text that differs lies between
     # the contents of messages 1 and 3, and the error names both.
-    template = tmp_path / "peeking_after.jinja"
-    template.write_text(
+    "after": (
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
-        "{% if 'x' in m['content'] %}!{% endif %}|{% endfor %}"
-    )
+        "{% if 'x' in m['content'] %}!{% endif %}|{% endfor %}",
+        ["q", "ax", "r", "b"],
+        r"messages 1 \(assistant\) to 3 \(assistant\): the chat template writes the text "
+        r"between their contents differently",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", sorted(PEEKING))
+def test_text_around_a_turn_that_depends_on_its_content_is_a_chat_error(tmp_path, where):
+    text, contents, error = PEEKING[where]
+    template = tmp_path / "peeking.jinja"
+    template.write_text(text)
     op = RenderChat(tokenizer="byte", template=str(template))
-    roles = ("user", "assistant", "user", "assistant")
-    conv = {"messages": [{"role": r, "content": c} for r, c in zip(roles, ["q", "ax", "r", "b"])]}
-    with pytest.raises(
-        DataError,
-        match=r"messages 1 \(assistant\) to 3 \(assistant\): the chat template writes "
-        r"the text between their contents differently",
-    ):
+    roles = ("user", "assistant") * 2
+    conv = {"messages": [{"role": r, "content": c} for r, c in zip(roles, contents)]}
+    with pytest.raises(DataError, match=error):
         render(op, [conv])
 
 
