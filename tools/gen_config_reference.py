@@ -183,6 +183,11 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "max_messages": "The most messages a conversation may have (more is a `chat_error`).",
         "date": "The date the template's `strftime_now` formats (fixed, so the output never "
         "depends on the clock).",
+        "reasoning_field": "Field of a message holding its reasoning (a string or null), which "
+        "templates such as Qwen3's write in a `<think>` block before the content.",
+        "train_reasoning": "Train a trained turn's reasoning where the template writes it: "
+        "from the end of the generation prompt (the `<think>` tag included) to the end of "
+        "turn. `false`: only the content and end of turn.",
     },
     "map_transform": {
         "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "

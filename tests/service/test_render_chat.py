@@ -6,6 +6,10 @@ The hermetic tests of the same topic are in ``tests/unit/test_render_chat.py``.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import pytest
 import yaml
 
@@ -82,14 +86,6 @@ def test_tool_calling_chats_are_identical_on_every_runner(tmp_path):
     # Qwen3's real template, conversations whose tool-calling turns have an empty, a null or a
     # worded content, mixed: the shapes (empty contents included) are learned per worker in
     # whatever order records arrive, and no order may change a mask.
-    from pathlib import Path
-
-    from zephon_server.engine.config import parse_config
-    from zephon_server.engine.corpus import write_jsonl
-
-    qwen3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"
-    if not (qwen3 / "tokenizer.json").exists():
-        pytest.fail(f"{qwen3} is missing: run `make tokenizers` (`make test` does)")
     convs = []
     for i in range(120):
         call = {"type": "function", "function": {"name": "lookup", "arguments": {"id": i}}}
@@ -107,12 +103,62 @@ def test_tool_calling_chats_are_identical_on_every_runner(tmp_path):
                 ]
             }
         )
-    write_jsonl(tmp_path / "chat" / "tools.jsonl", convs)
+    run = run_on_every_runner(tmp_path, convs)
+    tok = run.plan.pipeline.ops[0].tokenizer
+    call, answer = tok.token_id("<tool_call>"), tok.token_id("<tool_response>")
+    calls = 0
+    for batch in run.batches():
+        ids, mask = batch.tensors["input_ids"], batch.tensors["loss_mask"]
+        assert mask[ids == call].all() and not mask[ids == answer].any()
+        calls += int((ids == call).sum())
+    assert calls >= 100  # every call written is trained, whatever its turn's content
+    assert not [reason for (_, reason) in run.tombstones if reason.startswith(("chat", "mask"))]
+
+
+@pytest.mark.processes
+def test_reasoning_chats_are_identical_on_every_runner(tmp_path):
+    # Qwen3's real template: one-turn chats with a reasoning, two-turn chats whose first
+    # reasoning the template leaves out, chats without one. Each conversation with a reasoning
+    # is a shape of its own; every written think block is trained, the empty ones never.
+    convs = []
+    for i in range(120):
+        reasoning = (f"Think about {i}.", None, f"\nStep {i}.\n")[i % 3]
+        turns = [("user", f"Item {i}?"), ("assistant", f"Item {i} is blue.")]
+        if i % 4 == 0:
+            turns = [("user", "Hi."), ("assistant", "Hello."), *turns]
+        messages = [{"role": role, "content": text} for role, text in turns]
+        for message in messages[1::2]:
+            message["reasoning_content"] = reasoning
+        convs.append({"messages": messages})
+    run = run_on_every_runner(tmp_path, convs)
+    tok = run.plan.pipeline.ops[0].tokenizer
+    think, end = tok.token_id("<think>"), tok.token_id("</think>")
+    trained = untrained = 0
+    for batch in run.batches():
+        ids, mask = batch.tensors["input_ids"], batch.tensors["loss_mask"]
+        assert np.array_equal(mask[ids == think], mask[ids == end])  # a block is trained whole
+        trained += int(mask[ids == think].sum())
+        untrained += int((ids == think).sum()) - int(mask[ids == think].sum())
+    assert (trained, untrained) == (80, 40)  # every reasoning written once; empty blocks not
+    assert not [reason for (_, reason) in run.tombstones if reason.startswith(("chat", "mask"))]
+
+
+def run_on_every_runner(tmp_path: Path, convs: list[dict[str, Any]]) -> Any:
+    """A Qwen3 chat pipeline over ``convs``: its chain digests on the threads x3 and processes
+    x2 runners are asserted equal to the inline runner's; returns an inline run to inspect."""
+    from zephon_server.engine.config import parse_config
+    from zephon_server.engine.corpus import write_jsonl
+
+    qwen3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"
+    if not (qwen3 / "tokenizer.json").exists():
+        pytest.fail(f"{qwen3} is missing: run `make tokenizers` (`make test` does)")
+    write_jsonl(tmp_path / "chat" / "chats.jsonl", convs)
     config = {
         "seed": 5,
         "lanes": 2,
         "chunk_size": 8,
         "flush_every_k_chunks": 2,
+        "end_of_data": "longest",  # every conversation delivered, so every one is counted
         "datasets": [{"name": "chat", "path": str(tmp_path / "chat"), "weight": 1.0}],
         "pipeline": [
             {"render_chat": {"tokenizer": str(qwen3 / "tokenizer.json")}},
@@ -127,13 +173,4 @@ def test_tool_calling_chats_are_identical_on_every_runner(tmp_path):
     for runner, workers in (("threads", 3), ("processes", 2)):
         pipe, _ = parse_config(config)
         assert chain_digests(pipe, ExecutionConfig(runner=runner, workers=workers)) == oracle
-    run = parse_config(config)[0].run(ExecutionConfig(runner="inline"))
-    tok = run.plan.pipeline.ops[0].tokenizer
-    call, answer = tok.token_id("<tool_call>"), tok.token_id("<tool_response>")
-    calls = 0
-    for batch in run.batches():
-        ids, mask = batch.tensors["input_ids"], batch.tensors["loss_mask"]
-        assert mask[ids == call].all() and not mask[ids == answer].any()
-        calls += int((ids == call).sum())
-    assert calls >= 100  # every call written is trained, whatever its turn's content
-    assert not [reason for (_, reason) in run.tombstones if reason.startswith(("chat", "mask"))]
+    return parse_config(config)[0].run(ExecutionConfig(runner="inline"))

@@ -19,7 +19,7 @@ import pytest
 from tests.support.chat_helpers import CHATML, HEADERS, INST
 from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.chat_layout import ChatError, layout_chat
-from zephon_server.engine.chat_skeleton import Skeletons, shape_of
+from zephon_server.engine.chat_skeleton import Misplaced, Skeletons, place, shape_of
 from zephon_server.engine.chat_template import ChatTemplate, TemplateSource, find_template
 
 QWEN3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"
@@ -155,3 +155,18 @@ def test_a_shape_with_long_fields_is_laid_out_but_not_kept():
     assert not skeletons._cache
     skeletons.get([{"role": "user", "content": "q"}, {**long, "reasoning_content": "short"}])
     assert len(skeletons._cache) == 1
+
+
+def test_place_takes_the_trimmed_form_the_next_piece_follows():
+    pieces = ["<a>", "</a><b>", "</b>"]
+    cases = [  # contents, the rendering, the contents as written
+        (["x ", "y"], "<a>x </a><b>y</b>", ["x ", "y"]),  # verbatim
+        ([" x ", "y"], "<a>x</a><b>y</b>", ["x", "y"]),  # stripped (Jinja's trim)
+        (["\nx ", " y\n"], "<a>x </a><b> y</b>", ["x ", " y"]),  # newlines stripped
+        (["\nx ", "y"], "<a>x </a><b>y</b>", ["x ", "y"]),  # leading newlines (Qwen3's lstrip)
+    ]
+    for contents, full, written in cases:
+        assert [full[a:b] for a, b in place(pieces, contents, full)] == written
+    with pytest.raises(Misplaced) as bad:  # verbatim, then other text: the next piece differs
+        place(pieces, ["x", "y"], "<a>x!</a><b>y</b>")
+    assert (bad.value.why, bad.value.k) == ("around", 1)

@@ -236,3 +236,104 @@ def test_a_null_content_without_tool_calls_is_a_chat_error_naming_the_message(qw
         r"tool_calls\)",
     ):
         render(op, [conv])
+
+
+THINK = "<think>\n{}\n</think>\n\n"
+
+
+def reasoning_conversation(*turns: tuple[str, str | None]) -> dict[str, Any]:
+    """A conversation of user questions and assistant answers with their reasoning."""
+    messages: list[dict[str, Any]] = []
+    for n, (answer, reasoning) in enumerate(turns):
+        messages.append({"role": "user", "content": f"Question {n}?"})
+        messages.append({"role": "assistant", "content": answer, "reasoning_content": reasoning})
+    return {"messages": messages}
+
+
+def test_reasoning_is_trained_from_the_generation_prompt_to_the_end_of_turn(qwen3, caplog):
+    # What the model writes after "<|im_start|>assistant\n": the think block it opens, its
+    # reasoning (stripped of newlines, as Qwen3 writes it), the answer and <|im_end|>. The
+    # role header never; an earlier turn's reasoning is not written by Qwen3, so not trained.
+    op = RenderChat(tokenizer=qwen3)
+    one = reasoning_conversation(("4", "Add two and two."))
+    two = reasoning_conversation(("4", "\nAdd.\n"), ("\n6", "Three twice."))
+    none = reasoning_conversation(("4", None))
+    with caplog.at_level("WARNING"):
+        outs = render(op, [one, two, none])
+    payloads = [(o.payload["input_ids"], o.payload["loss_mask"]) for o in outs]
+    runs = [trained_runs(op, ids, mask) for ids, mask in payloads]
+    assert runs[0] == [THINK.format("Add two and two.") + "4" + END]
+    assert runs[1] == ["4" + END, THINK.format("Three twice.") + "6" + END]
+    assert runs[2] == ["4" + END]  # no reasoning: the empty think block stays template text
+    header = HEADER[:-1]  # "<|im_start|>assistant" (its newline is a token of its own)
+    for (ids, mask), trained in zip(payloads, runs):
+        assert header not in decode(op, ids[mask == 1])
+        assert decode(op, ids).count(header) == len(trained)
+    warned = [r.getMessage() for r in caplog.records if "does not write" in r.getMessage()]
+    assert len(warned) == 1 and "reasoning_content of message 1" in warned[0]
+    assert {name: digest(out) for name, out in zip(("one", "two", "none"), outs)} == {
+        "one": "cd2908e6c1682939",
+        "two": "c03a111ffdf8bae4",
+        "none": "21b5d3da3cd7ae91",
+    }
+    # The same tokens with train_reasoning off: only the answers and their ends of turn.
+    plain = RenderChat(tokenizer=qwen3, train_reasoning=False)
+    answers = [["4" + END], ["4" + END, "6" + END], ["4" + END]]
+    for (ids, _), again, expected in zip(payloads, render(plain, [one, two, none]), answers):
+        assert np.array_equal(ids, again.payload["input_ids"])
+        assert trained_runs(plain, ids, again.payload["loss_mask"]) == expected
+    assert op.params()["train_reasoning"] and not plain.params()["train_reasoning"]
+
+
+def test_reasoning_of_a_tool_calling_turn_is_trained_with_its_call(qwen3):
+    op = RenderChat(tokenizer=qwen3)
+    conv = tool_conversation("")
+    conv["messages"][1]["reasoning_content"] = "I need the weather."
+    conv["messages"][3]["reasoning_content"] = "The tool answered."
+    out = render(op, [conv])[0]
+    assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == [
+        THINK.format("I need the weather.") + CALL_TEXT + END,
+        THINK.format("The tool answered.") + "It is 18C." + END,
+    ]
+
+
+def test_a_reasoning_that_is_not_a_string_is_a_chat_error_naming_the_message(qwen3):
+    op = RenderChat(tokenizer=qwen3)
+    conv = reasoning_conversation(("4", "fine"))
+    conv["messages"][1]["reasoning_content"] = ["not", "text"]
+    with pytest.raises(DataError, match=r"message 1 \(assistant\): 'reasoning_content' must be"):
+        render(op, [conv])
+
+
+def test_a_template_writing_the_reasoning_after_the_content_is_refused(qwen3, tmp_path):
+    # Trained text must run from the generation prompt through reasoning, content and end of
+    # turn; a template that puts the reasoning elsewhere gets no guessed mask.
+    template = tmp_path / "after.jinja"
+    template.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+        "<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    op = RenderChat(tokenizer=qwen3, template=str(template))
+    with pytest.raises(DataError, match=r"message 1 \(assistant\): .*reasoning cannot be attrib"):
+        render(op, [reasoning_conversation(("4", "Add."))])
+    plain = RenderChat(tokenizer=qwen3, template=str(template), train_reasoning=False)
+    out = render(plain, [reasoning_conversation(("4", "Add."))])[0]
+    assert trained_runs(plain, out.payload["input_ids"], out.payload["loss_mask"]) == [
+        "4<think>Add.</think>" + END
+    ]
+
+
+def test_a_content_whose_leading_newlines_qwen3_strips_keeps_its_trailing_space(qwen3):
+    # Qwen3 writes content.lstrip('\n'): stripping all whitespace would find "Four." and then
+    # miss the end of turn behind the space, a chat_error for a valid record.
+    op = RenderChat(tokenizer=qwen3)
+    conv = {
+        "messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "\nFour. "},
+        ]
+    }
+    out = render(op, [conv])[0]
+    assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == ["Four. " + END]

@@ -23,6 +23,7 @@ on its content, or rewrites a trained message's content, cannot be attributed: t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -47,6 +48,8 @@ class ChatLayout:
 
     text: str
     trained: tuple[tuple[int, int], ...]
+    #: The first trained message whose reasoning the template does not write (None: none).
+    unwritten_reasoning: int | None = None
 
 
 def check_messages(value: Any, field: str, max_messages: int) -> list[dict[str, Any]]:
@@ -188,12 +191,18 @@ def layout_chat(
     messages: Sequence[dict[str, Any]],
     train_on: str,
     skeletons: Skeletons | None = None,
+    reasoning: str | None = None,
 ) -> ChatLayout:
     """Render ``messages`` and find the trained character ranges (module docstring).
 
     With ``skeletons`` (:mod:`.chat_skeleton`), a conversation whose rendering is its shape's
     skeleton with the contents put back takes one rendering instead of two or more, and none
-    when its contents answer the template's questions as the shape's markers did."""
+    when its contents answer the template's questions as the shape's markers did. With
+    ``reasoning`` (a field name, such as ``reasoning_content``), a trained message's reasoning
+    that the template writes is trained too (:func:`_reasoning_starts`)."""
+    if reasoning is not None:
+        for i, message in enumerate(messages):
+            _reasoning_of(message, i, reasoning)  # a clear error before any template sees it
     skeleton = skeletons.get(messages) if skeletons is not None else None
     filled = skeleton.fill(messages) if skeleton is not None else None
     placed: list[tuple[int, int]] | None
@@ -210,9 +219,10 @@ def layout_chat(
         closes = {i: skeleton.close(i) for i in indices if i != last}
         if None not in closes.values():
             found = cast(dict[int, str], closes)  # no None among them
-            return _layout(messages, indices, full, placed, found.__getitem__)
+            return _layout(messages, indices, full, placed, found.__getitem__, template, reasoning)
     contents = _content_ranges(template, messages, indices, full)
-    return _layout(messages, indices, full, contents, lambda i: _close(template, messages, i))
+    close = functools.partial(_close, template, messages)
+    return _layout(messages, indices, full, contents, close, template, reasoning)
 
 
 def _layout(
@@ -221,13 +231,17 @@ def _layout(
     full: str,
     contents: Mapping[int, tuple[int, int]] | Sequence[tuple[int, int]],
     close: Callable[[int], str],
+    template: ChatTemplate,
+    reasoning: str | None,
 ) -> ChatLayout:
     """The layout from each trained content's range and ``close(i)``, what the template
     writes after message ``i``'s content when the turn closes the conversation."""
     last = len(messages) - 1
     ranges: list[tuple[int, int]] = []
+    starts, unwritten = _reasoning_starts(template, messages, indices, full, contents, reasoning)
     for i in indices:
         start, content_end = contents[i]
+        start = starts.get(i, start)
         if i == last:  # the whole rendering's text after the content shows how the turn closes
             end = content_end + len(full[content_end:].rstrip("\n"))
         else:
@@ -238,4 +252,85 @@ def _layout(
             raise ChatError(f"message {i}: its text overlaps the previous trained message")
         if end > start:
             ranges.append((start, end))
-    return ChatLayout(full, tuple(ranges))
+    return ChatLayout(full, tuple(ranges), unwritten)
+
+
+def _reasoning_starts(
+    template: ChatTemplate,
+    messages: Sequence[dict[str, Any]],
+    indices: list[int],
+    full: str,
+    contents: Mapping[int, tuple[int, int]] | Sequence[tuple[int, int]],
+    field: str | None,
+) -> tuple[dict[int, int], int | None]:
+    """Where the trained range of each message with a written reasoning starts, and the first
+    trained message whose reasoning the template leaves out (None: none).
+
+    A message's reasoning (``field``, a non-empty string) is found as contents are: one
+    rendering with it replaced by a marker, which the real rendering must equal with the
+    reasoning put back. What the model writes of such a turn starts where the generation
+    prompt ends (``<|im_start|>assistant\\n`` in ChatML): the conversation before the message,
+    rendered with the generation prompt, must be the start of the real rendering. So the
+    think block's opening tag, the reasoning, the text between it and the content, the content
+    and the end of turn are trained; the role header is not."""
+    if field is None or not any(_reasoning_of(messages[i], i, field) for i in indices):
+        return {}, None
+    starts: dict[int, int] = {}
+    unwritten = None
+    for i in indices:
+        if not _reasoning_of(messages[i], i, field):
+            continue
+        at = _reasoning_at(template, messages, i, field, full)
+        if at is None:
+            unwritten = i if unwritten is None else unwritten
+            continue
+        opening = _render_prompt(template, messages[:i])
+        if not full.startswith(opening) or not len(opening) <= at[0] < at[1] <= contents[i][0]:
+            raise ChatError(
+                f"message {i} ({messages[i]['role']}): the chat template does not write its "
+                f"{field} between the generation prompt and the content, so the reasoning "
+                f"cannot be attributed (set render_chat.train_reasoning: false to train only "
+                f"the content)"
+            )
+        starts[i] = len(opening)
+    return starts, unwritten
+
+
+def _reasoning_of(message: Mapping[str, Any], i: int, field: str) -> bool:
+    """Whether ``message`` has a reasoning to train (a non-empty string ``field``); a
+    :class:`ChatError` when the field holds anything but a string or null."""
+    value = message.get(field)
+    if value is None or isinstance(value, str):
+        return bool(value)
+    raise ChatError(
+        f"message {i} ({message['role']}): {field!r} must be a string, got {type(value).__name__}"
+    )
+
+
+def _reasoning_at(
+    template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int, field: str, full: str
+) -> tuple[int, int] | None:
+    """The characters ``[start, end)`` of message ``i``'s reasoning in ``full``; None when the
+    template does not write it (Qwen3's writes only the reasoning of turns after the last
+    user message)."""
+    probe = _render(
+        template, [{**m, field: _marker(i)} if j == i else m for j, m in enumerate(messages)]
+    )
+    if _marker(i) not in probe:
+        return None
+    try:
+        return place(cut(probe, [i]), [messages[i][field]], full)[0]
+    except Misplaced:
+        raise ChatError(
+            f"message {i} ({messages[i]['role']}): the chat template does not write its {field} "
+            "exactly once and verbatim, so the reasoning cannot be attributed (set "
+            "render_chat.train_reasoning: false to train only the content)"
+        ) from None
+
+
+def _render_prompt(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str:
+    """``messages`` rendered with the generation prompt: the text before a model's reply."""
+    try:
+        return template.render(messages, generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise ChatError(str(exc)) from exc

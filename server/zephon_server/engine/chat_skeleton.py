@@ -216,20 +216,31 @@ def cut(probe: str, ids: Sequence[int]) -> list[str]:
 
 def place(pieces: Sequence[str], contents: Sequence[str], full: str) -> list[tuple[int, int]]:
     """The range ``[start, end)`` of each of ``contents`` in ``full`` when ``full`` is exactly
-    ``pieces`` with the contents put between them, each verbatim or stripped of surrounding
-    whitespace (for templates that ``trim``); raises :class:`Misplaced`."""
+    ``pieces`` with the contents put between them, each verbatim or trimmed as templates do
+    (:func:`_written`); raises :class:`Misplaced`."""
     out: list[tuple[int, int]] = []
     pos = 0
     for k, (piece, content) in enumerate(zip(pieces, contents)):
         if not full.startswith(piece, pos):
             raise Misplaced(k, "around")
         start = pos + len(piece)
-        if not full.startswith(content, start):
-            content = content.strip()
-            if not full.startswith(content, start):
-                raise Misplaced(k, "content")
-        pos = start + len(content)
+        written = _written(content, full, start, pieces[k + 1])
+        if written is None:
+            raise Misplaced(k, "content")
+        pos = start + len(written)
         out.append((start, pos))
     if full[pos:] != pieces[-1]:
         raise Misplaced(len(contents), "end")
     return out
+
+
+def _written(content: str, full: str, start: int, after: str) -> str | None:
+    """``content`` as the template wrote it at ``start`` of ``full``, followed by ``after``:
+    verbatim, or stripped of surrounding whitespace (Jinja's ``trim``), or of newlines on both
+    sides or on the left (Qwen3 writes ``reasoning_content.strip('\\n')`` and
+    ``content.lstrip('\\n')``), whichever ``after`` follows; None when none is there."""
+    for written in (content, content.strip(), content.strip("\n"), content.lstrip("\n")):
+        if full.startswith(written, start) and full.startswith(after, start + len(written)):
+            return written
+    # Written verbatim but followed by other text: the text around the next content differs.
+    return content if full.startswith(content, start) else None

@@ -352,14 +352,19 @@ class ChatTemplate:
         }
         return template, scope
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The template's text for ``messages`` (training: no generation prompt).
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], *, generation_prompt: bool = False
+    ) -> str:
+        """The template's text for ``messages`` (training: no generation prompt; with
+        ``generation_prompt``, what an inference server writes before the model's reply).
 
         Raises :class:`ChatTemplateError` for any failure of the template on these messages,
         going over its render budget (:mod:`.chat_budget`) included.
         """
         scope = self._scope.copy()
         scope["messages"] = list(messages)
+        if generation_prompt:
+            scope["add_generation_prompt"] = True
         budget = scope[chat_budget.BUDGET_KEY] = chat_budget.RenderBudget(messages)
         template = self._template
         try:

@@ -26,6 +26,7 @@ masked, all ones (``mask_full``); a ``max_length`` cut that removes every traine
 from __future__ import annotations
 
 import datetime
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +41,11 @@ from ..records import SampleRecord, Span
 from ..token_masks import MASK_DTYPE, encode_masks
 from ..token_offsets import byte_ranges
 from ..tokenizer import Tokenizer, load_tokenizer
-from .bad_record import describe_exception, on_bad_record
+from .bad_record import describe_exception, location, on_bad_record
 from .base import Operator, OpTraits
 from .decode import _parse_problem
+
+log = logging.getLogger(__name__)
 
 #: Tombstone reasons of this operator (all counted as skipped records).
 CHAT_ERROR, MASK_EMPTY, MASK_FULL, MASK_TRUNCATED = (
@@ -80,6 +83,7 @@ class Rendered:
     trained: tuple[tuple[int, int], ...]
     append_eos: bool
     kind: str
+    unwritten_reasoning: int | None = None  # a trained message whose reasoning is not written
 
 
 def _record_object(payload: dict[str, Any]) -> Any:
@@ -124,6 +128,8 @@ class RenderChat(Operator):
         completion_eos: bool = True,
         max_messages: int = 1024,
         date: str = "2025-01-01",
+        reasoning_field: str = "reasoning_content",
+        train_reasoning: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -139,6 +145,9 @@ class RenderChat(Operator):
         self.completion_eos = completion_eos
         self.max_messages = max_messages
         self.date = date
+        self.reasoning_field = reasoning_field
+        self.train_reasoning = train_reasoning
+        self._warned_unwritten = False
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._skeletons: Skeletons | None = None
@@ -202,6 +211,8 @@ class RenderChat(Operator):
             "completion_eos": self.completion_eos,
             "max_messages": self.max_messages,
             "date": self.date,
+            "reasoning_field": self.reasoning_field,
+            "train_reasoning": self.train_reasoning,
         }
 
     def describe(self) -> str:
@@ -229,10 +240,13 @@ class RenderChat(Operator):
             messages = check_messages(value, self.messages_field, self.max_messages)
             if self.system_prompt is not None and messages[0]["role"] != "system":
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
-            layout = layout_chat(self.chat_template, messages, self.train_on, self.skeletons)
+            reasoning = self.reasoning_field if self.train_reasoning else None
+            layout = layout_chat(
+                self.chat_template, messages, self.train_on, self.skeletons, reasoning
+            )
         except ChatError as exc:
             raise RecordProblem(CHAT_ERROR, str(exc)) from exc
-        return Rendered(layout.text, layout.trained, False, "chat")
+        return Rendered(layout.text, layout.trained, False, "chat", layout.unwritten_reasoning)
 
     def _prompt_completion(self, prompt: Any, completion: Any) -> Rendered:
         for name, value in ((self.prompt_field, prompt), (self.completion_field, completion)):
@@ -286,6 +300,7 @@ class RenderChat(Operator):
             except Exception as exc:  # whatever else fails on one record
                 why = f"cannot render the record ({describe_exception(exc)})"
                 rendered.append(RecordProblem(CHAT_ERROR, why))
+        self._warn_unwritten(elems, rendered)
         good = [i for i, r in enumerate(rendered) if isinstance(r, Rendered)]
         encoded = self._encode([r for r in rendered if isinstance(r, Rendered)])
         tokens: dict[int, tuple[np.ndarray, np.ndarray] | RecordProblem] = dict(zip(good, encoded))
@@ -305,6 +320,33 @@ class RenderChat(Operator):
             n = len(payload["input_ids"])
             out.append(SampleRecord(payload, rec.meta.with_spans((Span(rec.meta.doc, 0, n),))))
         return out
+
+    def _warn_unwritten(self, elems: list[Any], rendered: list[Rendered | RecordProblem]) -> None:
+        """Log once that the template leaves out a trained message's reasoning (it is then
+        neither in the text nor trained): the first record it happened to."""
+        if self._warned_unwritten:
+            return
+        for rec, item in zip(elems, rendered):
+            if isinstance(item, Rendered) and item.unwritten_reasoning is not None:
+                self._warned_unwritten = True
+                log.warning(
+                    "render_chat: the chat template (%s) does not write the %s of message %d "
+                    "of %s, so that reasoning is neither in the tokens nor trained (Qwen3's "
+                    "template, for one, writes only the reasoning of the turns after the last "
+                    "user message). Logged once per worker.",
+                    self.source.origin,
+                    self.reasoning_field,
+                    item.unwritten_reasoning,
+                    self._where(rec),
+                )
+                return
+
+    def _where(self, rec: SampleRecord) -> str:
+        """The record's file and line (or row), or its cursor outside a pipeline run."""
+        datasets = getattr(getattr(self, "ctx", None), "datasets", ())
+        if not datasets or rec.meta.doc is None:
+            return f"record {rec.meta.cursor}"
+        return location(datasets[rec.meta.dataset_id], rec.meta.doc)
 
     def _encode(self, items: list[Rendered]) -> list[tuple[np.ndarray, np.ndarray] | RecordProblem]:
         """Ids and loss mask of each text (:mod:`..token_masks`): one batched call, or one
@@ -336,7 +378,13 @@ class RenderChat(Operator):
 
 def _check_params(values: dict[str, Any]) -> None:
     """ConfigError naming the parameter and value for every invalid parameter."""
-    for name in ("tokenizer", "messages_field", "prompt_field", "completion_field"):
+    for name in (
+        "tokenizer",
+        "messages_field",
+        "prompt_field",
+        "completion_field",
+        "reasoning_field",
+    ):
         if not isinstance(values[name], str) or not values[name]:
             raise ConfigError(
                 f"render_chat: {name} must be a non-empty string, got {values[name]!r}"
@@ -357,10 +405,9 @@ def _check_params(values: dict[str, Any]) -> None:
         raise ConfigError(
             f"render_chat: system_prompt must be a string, got {values['system_prompt']!r}"
         )
-    if not isinstance(values["completion_eos"], bool):
-        raise ConfigError(
-            f"render_chat: completion_eos must be true or false, got {values['completion_eos']!r}"
-        )
+    for flag in ("completion_eos", "train_reasoning"):
+        if not isinstance(values[flag], bool):
+            raise ConfigError(f"render_chat: {flag} must be true or false, got {values[flag]!r}")
     try:
         datetime.date.fromisoformat(values["date"])
     except (TypeError, ValueError) as exc:
