@@ -36,18 +36,24 @@ class Counting(ChatTemplate):
 
     renders = 0
 
-    def render(self, messages: Any) -> str:
+    def render(self, messages: Any, **options: Any) -> str:
         self.renders += 1
-        return super().render(messages)
+        return super().render(messages, **options)
 
 
 def template(text: str) -> Counting:
     return Counting(TemplateSource(text, "test", {"eos_token": "</s>"}), date=DAY)
 
 
-def outcome(tpl: ChatTemplate, messages: list[dict[str, Any]], train_on: str, sk: Any) -> Any:
+def outcome(
+    tpl: ChatTemplate,
+    messages: list[dict[str, Any]],
+    train_on: str,
+    sk: Any,
+    reasoning: str | None = None,
+) -> Any:
     try:
-        return layout_chat(tpl, messages, train_on, sk)
+        return layout_chat(tpl, messages, train_on, sk, reasoning)
     except ChatError as exc:
         return f"ChatError: {exc}"
 
@@ -170,3 +176,58 @@ def test_place_takes_the_trimmed_form_the_next_piece_follows():
     with pytest.raises(Misplaced) as bad:  # verbatim, then other text: the next piece differs
         place(pieces, ["x", "y"], "<a>x!</a><b>y</b>")
     assert (bad.value.why, bad.value.k) == ("around", 1)
+
+
+def reasoning_conversations() -> list[list[dict[str, Any]]]:
+    """Conversations whose assistant turns carry a reasoning, none, an empty one, or one with
+    the newlines Qwen3 strips; some with several turns (Qwen3 drops the earlier reasoning)."""
+    convs = []
+    for n, messages in enumerate(conversations()):
+        kinds = (f"Because {n}.", None, "", f"\nStep {n}.\n", f"Think twice {n}.")
+        messages = [dict(m) for m in messages]
+        for k, m in enumerate(messages):
+            if m["role"] == "assistant" and (n + k) % 6:
+                m["reasoning_content"] = kinds[(n + k) % len(kinds)]
+        convs.append(messages)
+    return convs
+
+
+@pytest.mark.parametrize("train_on", ["assistant", "last_assistant", "all"])
+def test_reasoning_slots_give_the_same_layouts_without_rendering(train_on):
+    # A reasoning is a slot of the skeleton as a content is, so reasoning conversations share
+    # shapes; the layouts (trained reasoning included) are those of the renderings.
+    tpl = qwen3_template()
+    field = "reasoning_content"
+    convs = reasoning_conversations()
+    plain = [outcome(tpl, m, train_on, None, field) for m in convs]
+    assert not [x for x in plain if isinstance(x, str)]
+    assert sum("<think>\nThink twice" in x.text for x in plain) > 3
+    skeletons = Skeletons(tpl, field=field)
+    for m in convs:
+        outcome(tpl, m, train_on, skeletons, field)
+    tpl.renders = 0
+    assert [outcome(tpl, m, train_on, skeletons, field) for m in convs] == plain
+    # Only the reasoning Qwen3 strips of its newlines answers otherwise than its marker.
+    stripped = sum(any((m.get(field) or "").startswith("\n") for m in c) for c in convs)
+    assert 0 < tpl.renders <= 2 * stripped
+    # Shapes are shared whatever the reasoning says (each text would be a shape otherwise).
+    assert len({shape_of(m, field) for m in convs}) < len({shape_of(m) for m in convs})
+    a, b = ([{"role": "assistant", "content": "x", field: text}] for text in ("A.", "B."))
+    assert shape_of(a, field) == shape_of(b, field) and shape_of(a) != shape_of(b)
+    assert shape_of(a, field) != shape_of([{"role": "assistant", "content": "x", field: ""}])
+
+
+def test_a_skeleton_learns_where_the_generation_prompt_ends():
+    tpl = qwen3_template()
+    field = "reasoning_content"
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", field: "Add."},
+    ]
+    skeleton = Skeletons(tpl, field=field).get(messages)
+    assert skeleton is not None and skeleton.slots == (1,)
+    assert skeleton.order == (0, 3, 1)  # the reasoning (slot n + 1) before its content
+    assert skeleton.opening(1) == len("<think>\n")  # the prompt ends before the think tag
+    full, ranges = skeleton.fill(messages)
+    assert full[ranges[3][0] - skeleton.opening(1) :].startswith("<think>\nAdd.")
+    assert full[: ranges[3][0] - skeleton.opening(1)].endswith("<|im_start|>assistant\n")

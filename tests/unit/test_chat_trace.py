@@ -128,9 +128,9 @@ def outcome(tpl: ChatTemplate, messages: list[dict[str, Any]], sk: Skeletons | N
 class Counting(ChatTemplate):
     renders = 0
 
-    def render(self, messages: Any) -> str:
+    def render(self, messages: Any, **options: Any) -> str:
         self.renders += 1
-        return super().render(messages)
+        return super().render(messages, **options)
 
 
 @pytest.mark.parametrize("name", sorted(ASKING))

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .chat_skeleton import Misplaced, Skeletons, cut, place
+from .chat_skeleton import Misplaced, Skeleton, Skeletons, cut, place, reasoning_slots
 from .chat_template import ChatTemplate, ChatTemplateError
 from .chat_trace import MARKER, stand_in
 from .chat_trace import marker as _marker
@@ -202,7 +202,8 @@ def layout_chat(
     that the template writes is trained too (:func:`_reasoning_starts`)."""
     if reasoning is not None:
         for i, message in enumerate(messages):
-            _reasoning_of(message, i, reasoning)  # a clear error before any template sees it
+            if len(message) > 2:  # a clear error before any template sees a bad reasoning
+                _reasoning_of(message, i, reasoning)
     skeleton = skeletons.get(messages) if skeletons is not None else None
     filled = skeleton.fill(messages) if skeleton is not None else None
     placed: list[tuple[int, int]] | None
@@ -217,12 +218,14 @@ def layout_chat(
     if skeleton is not None and placed is not None:
         last = len(messages) - 1
         closes = {i: skeleton.close(i) for i in indices if i != last}
-        if None not in closes.values():
+        starts = _skeleton_starts(skeleton, messages, indices, placed, reasoning)
+        if None not in closes.values() and starts is not None:
             found = cast(dict[int, str], closes)  # no None among them
-            return _layout(messages, indices, full, placed, found.__getitem__, template, reasoning)
+            return _layout(messages, indices, full, placed, found.__getitem__, starts)
     contents = _content_ranges(template, messages, indices, full)
     close = functools.partial(_close, template, messages)
-    return _layout(messages, indices, full, contents, close, template, reasoning)
+    starts = _reasoning_starts(template, messages, indices, full, contents, reasoning)
+    return _layout(messages, indices, full, contents, close, starts)
 
 
 def _layout(
@@ -231,14 +234,15 @@ def _layout(
     full: str,
     contents: Mapping[int, tuple[int, int]] | Sequence[tuple[int, int]],
     close: Callable[[int], str],
-    template: ChatTemplate,
-    reasoning: str | None,
+    reasoning: tuple[dict[int, int], int | None],
 ) -> ChatLayout:
-    """The layout from each trained content's range and ``close(i)``, what the template
-    writes after message ``i``'s content when the turn closes the conversation."""
+    """The layout from each trained content's range, ``close(i)``, what the template writes
+    after message ``i``'s content when the turn closes the conversation, and ``reasoning``:
+    where the turns with a written reasoning start, and the first trained message whose
+    reasoning is not written."""
     last = len(messages) - 1
     ranges: list[tuple[int, int]] = []
-    starts, unwritten = _reasoning_starts(template, messages, indices, full, contents, reasoning)
+    starts, unwritten = reasoning
     for i in indices:
         start, content_end = contents[i]
         start = starts.get(i, start)
@@ -286,14 +290,50 @@ def _reasoning_starts(
             continue
         opening = _render_prompt(template, messages[:i])
         if not full.startswith(opening) or not len(opening) <= at[0] < at[1] <= contents[i][0]:
-            raise ChatError(
-                f"message {i} ({messages[i]['role']}): the chat template does not write its "
-                f"{field} between the generation prompt and the content, so the reasoning "
-                f"cannot be attributed (set render_chat.train_reasoning: false to train only "
-                f"the content)"
-            )
+            raise _misplaced_reasoning(messages, i, field)
         starts[i] = len(opening)
     return starts, unwritten
+
+
+def _skeleton_starts(
+    skeleton: Skeleton,
+    messages: Sequence[dict[str, Any]],
+    indices: list[int],
+    placed: Sequence[Any],
+    field: str | None,
+) -> tuple[dict[int, int], int | None] | None:
+    """:func:`_reasoning_starts` from a skeleton's slots and the generation prompt it learned
+    per shape, without rendering; None when the skeleton cannot tell (then the conversation
+    takes the renderings)."""
+    if field is None:
+        return {}, None
+    if skeleton.field != field:  # reasoning is not a slot of this skeleton
+        return None if reasoning_slots(messages, field) else ({}, None)
+    n = len(messages)
+    starts: dict[int, int] = {}
+    unwritten = None
+    for i in indices:
+        if i not in skeleton.slots:
+            continue
+        at = placed[n + i]
+        if at is None:
+            unwritten = i if unwritten is None else unwritten
+            continue
+        gap = skeleton.opening(i)
+        if gap is None:
+            return None
+        if not (gap <= at[0] < at[1] <= placed[i][0]):
+            raise _misplaced_reasoning(messages, i, field)
+        starts[i] = at[0] - gap
+    return starts, unwritten
+
+
+def _misplaced_reasoning(messages: Sequence[dict[str, Any]], i: int, field: str) -> ChatError:
+    return ChatError(
+        f"message {i} ({messages[i]['role']}): the chat template does not write its {field} "
+        "between the generation prompt and the content, so the reasoning cannot be attributed "
+        "(set render_chat.train_reasoning: false to train only the content)"
+    )
 
 
 def _reasoning_of(message: Mapping[str, Any], i: int, field: str) -> bool:

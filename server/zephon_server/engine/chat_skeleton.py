@@ -43,17 +43,32 @@ MAX_SHAPE_CHARS = 4096
 Part = str | tuple[str, bool]
 
 
-def shape_of(messages: Sequence[dict[str, Any]]) -> tuple[Part, ...]:
-    """What a conversation's rendering may depend on besides its contents: the roles, every
-    other field of a message (``name``, ``tool_calls``, ...) in a canonical form, and which
-    contents are empty (templates write some turns differently then: their markers answer as
-    the empty string, :class:`.chat_trace.EmptyStandIn`)."""
+def shape_of(messages: Sequence[dict[str, Any]], field: str | None = None) -> tuple[Part, ...]:
+    """What a conversation's rendering may depend on besides its contents (and reasoning, the
+    non-empty strings of ``field``: slots as contents are): the roles, every other field of a
+    message (``name``, ``tool_calls``, ...) in a canonical form, and which contents are empty
+    (templates write some turns differently then: their markers answer as the empty string,
+    :class:`.chat_trace.EmptyStandIn`)."""
     return tuple(
         [
-            m["role"] if len(m) == 2 and m["content"] != "" else (_fields(m), m["content"] == "")
+            m["role"]
+            if len(m) == 2 and m["content"] != ""
+            else (_fields(m, field), m["content"] == "")
             for m in messages
         ]
     )
+
+
+def reasoning_slots(messages: Sequence[dict[str, Any]], field: str | None) -> tuple[int, ...]:
+    """The messages whose ``field`` is a non-empty string: a slot of the skeleton each, marked
+    and put back as contents are (slot ``len(messages) + j``)."""
+    if field is None:
+        return ()
+    return tuple(j for j, m in enumerate(messages) if len(m) > 2 and _is_slot(m.get(field)))
+
+
+def _is_slot(value: Any) -> bool:
+    return type(value) is str and value != ""
 
 
 def shape_chars(shape: tuple[Part, ...]) -> int:
@@ -61,28 +76,43 @@ def shape_chars(shape: tuple[Part, ...]) -> int:
     return sum(len(part) if type(part) is str else len(part[0]) for part in shape)
 
 
-def _fields(message: dict[str, Any]) -> str:
-    rest = {k: v for k, v in message.items() if k != "content"}
+#: What a reasoning slot reads as in a shape's fields (its text is not part of the shape).
+_SLOT = "\ue000slot"
+
+
+def _fields(message: dict[str, Any], field: str | None) -> str:
+    rest = {
+        k: _SLOT if k == field and _is_slot(v) else v for k, v in message.items() if k != "content"
+    }
     return json.dumps(rest, sort_keys=True, default=repr)
 
 
 class Skeleton:
-    """The rendering of one shape cut at its contents: ``pieces[j]`` is the text before
-    message ``j``'s content (after message ``j - 1``'s), ``pieces[-1]`` the text after the
-    last content."""
+    """The rendering of one shape cut at its slots (the contents, and the reasoning the
+    template writes): ``pieces[k]`` is the text before the ``k``-th slot written, ``order[k]``
+    that slot (``j`` for message ``j``'s content, ``n + j`` for its reasoning), and
+    ``pieces[-1]`` the text after the last one."""
 
     def __init__(
         self,
         template: ChatTemplate,
         messages: Sequence[dict[str, Any]],
-        pieces: list[str],
+        cut_at: tuple[list[str], list[int]],
         checks: tuple[Check, ...] | None = None,
+        field: str | None = None,
     ) -> None:
         self._template = template
-        self._shape = markers_in(messages)
+        self.field = field
+        self.slots = reasoning_slots(messages, field)
+        self._shape = markers_in(messages, field, self.slots)
+        pieces, order = cut_at
         self.pieces = tuple(pieces)
+        #: The slots in the order written; None for the contents alone, in order.
+        self.order = None if order == list(range(len(messages))) else tuple(order)
+        self._contents = range(len(messages))
         self.checks = checks  # None: every conversation of the shape is rendered
         self._closes: dict[int, str | None] = {}
+        self._openings: dict[int, int | None] = {}
 
     def close(self, i: int) -> str | None:
         """What the template writes after message ``i``'s content when the conversation ends
@@ -93,23 +123,58 @@ class Skeleton:
             self._closes[i] = None if probe is None or at < 0 else probe[at + len(marker(i)) :]
         return self._closes[i]
 
-    def fill(self, messages: Sequence[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]] | None:
-        """The rendering of ``messages`` and each content's range ``[start, end)`` in it,
-        written without rendering when their contents answer the template's questions as the
-        markers did (:mod:`.chat_trace`); None when they do not, or the shape has no checks
-        (then the conversation is rendered)."""
+    def opening(self, i: int) -> int | None:
+        """How many characters before message ``i``'s reasoning the generation prompt ends
+        (learned once per shape: the conversation before message ``i`` rendered with the
+        generation prompt must be this skeleton up to there); None when it is not."""
+        if i not in self._openings:
+            self._openings[i] = self._learn_opening(i)
+        return self._openings[i]
+
+    def _learn_opening(self, i: int) -> int | None:
+        order = self.order or self._contents
+        slot = len(self._shape) + i
+        if slot not in order:
+            return None
+        k = list(order).index(slot)
+        try:
+            prompt = self._template.render(self._shape[:i], generation_prompt=True)
+        except ChatTemplateError:
+            return None
+        head = "".join(p + marker(o) for p, o in zip(self.pieces[:k], order[:k]))
+        tail = prompt[len(head) :]
+        if not prompt.startswith(head) or MARKER in tail or not self.pieces[k].startswith(tail):
+            return None
+        return len(self.pieces[k]) - len(tail)
+
+    def values(self, messages: Sequence[dict[str, Any]]) -> list[Any]:
+        """The texts of the slots, by slot: the contents, then (for a shape with reasoning
+        slots) the reasoning of each message that has one, None for the others."""
+        contents: list[Any] = [m["content"] for m in messages]
+        if self.slots:
+            field: Any = self.field
+            contents += [m[field] if j in self.slots else None for j, m in enumerate(messages)]
+        return contents
+
+    def fill(self, messages: Sequence[dict[str, Any]]) -> tuple[str, list[Any]] | None:
+        """The rendering of ``messages`` and each slot's range ``[start, end)`` in it (by slot;
+        None for a reasoning slot the template does not write), written without rendering
+        when their slots answer the template's questions as the markers did
+        (:mod:`.chat_trace`); None when they do not, or the shape has no checks (then the
+        conversation is rendered)."""
         checks = self.checks
-        contents = [m["content"] for m in messages]
-        if checks is None or not holds(checks, contents):
+        values = self.values(messages)
+        if checks is None or not holds(checks, values):
             return None
         parts: list[str] = []
-        ranges: list[tuple[int, int]] = []
+        ranges: list[Any] = [None] * len(values)
         pos = 0
-        for piece, content in zip(self.pieces, contents):
+        for piece, slot in zip(self.pieces, self.order or self._contents):
+            value = values[slot]
             pos += len(piece)
-            parts += (piece, content)
-            ranges.append((pos, pos + len(content)))
-            pos += len(content)
+            parts += (piece, value)
+            ranges[slot] = (pos, pos + len(value))
+            pos += len(value)
         parts.append(self.pieces[-1])
         full = "".join(parts)
         if len(full) > chat_budget.OUTPUT_BASE and (
@@ -118,30 +183,41 @@ class Skeleton:
             return None  # over the output budget: the rendering fails, with its error
         return full, ranges
 
-    def place(self, messages: Sequence[dict[str, Any]], full: str) -> list[tuple[int, int]] | None:
-        """Each message's content range ``[start, end)`` in ``full``, the real rendering, when
-        it is exactly this skeleton with the contents put back; None otherwise."""
+    def place(self, messages: Sequence[dict[str, Any]], full: str) -> list[Any] | None:
+        """Each slot's range ``[start, end)`` in ``full``, the real rendering (by slot, as
+        :meth:`fill` gives them), when it is exactly this skeleton with the slots put back;
+        None otherwise."""
+        values = self.values(messages)
+        order = self.order or self._contents
         try:
-            return place(self.pieces, [m["content"] for m in messages], full)
+            placed = place(self.pieces, [values[slot] for slot in order], full)
         except Misplaced:
             return None
+        ranges: list[Any] = [None] * len(values)
+        for slot, where in zip(order, placed):
+            ranges[slot] = where
+        return ranges
 
 
 class Skeletons:
     """Skeletons of the shapes a template met: at most :data:`MAX_SHAPES` of them, none
-    larger than :data:`MAX_SHAPE_CHARS`."""
+    larger than :data:`MAX_SHAPE_CHARS`. With ``field``, each message's non-empty reasoning
+    in that field is a slot, as contents are (:func:`reasoning_slots`)."""
 
-    def __init__(self, template: ChatTemplate, max_shapes: int = MAX_SHAPES) -> None:
+    def __init__(
+        self, template: ChatTemplate, max_shapes: int = MAX_SHAPES, field: str | None = None
+    ) -> None:
         self._template = template
         self._tracer = Tracer(template)
         self._max = max_shapes
+        self._field = field
         self._cache: OrderedDict[tuple[Part, ...], Skeleton | None] = OrderedDict()
         self._lock = threading.Lock()  # the threads runner's workers share one operator
 
     def get(self, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
         """The skeleton of ``messages``' shape; None when the template does not write every
         content exactly once with markers in place (then nothing is cached but that)."""
-        key = shape_of(messages)
+        key = shape_of(messages, self._field)
         # A hit takes no lock: each OrderedDict call is atomic under the GIL, and a shape
         # evicted by another thread in between only misses its refresh.
         found = self._cache.get(key, _ABSENT)
@@ -151,7 +227,8 @@ class Skeletons:
             except KeyError:
                 pass
             return found
-        skeleton = _build(self._template, self._tracer, messages)  # the same for every caller
+        # The same for every caller:
+        skeleton = _build(self._template, self._tracer, messages, self._field)
         if shape_chars(key) > MAX_SHAPE_CHARS:
             return skeleton  # too big to keep (see MAX_SHAPE_CHARS)
         with self._lock:
@@ -161,9 +238,15 @@ class Skeletons:
         return skeleton
 
 
-def markers_in(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` with every content replaced by its marker (:func:`.chat_trace.stand_in`)."""
-    return [{**m, "content": stand_in(marker(j), m["content"])} for j, m in enumerate(messages)]
+def markers_in(
+    messages: Sequence[dict[str, Any]], field: str | None = None, slots: Sequence[int] = ()
+) -> list[dict[str, Any]]:
+    """``messages`` with every content replaced by its marker (:func:`.chat_trace.stand_in`),
+    and the ``field`` of the messages ``slots`` by marker ``len(messages) + j``."""
+    marked = [{**m, "content": stand_in(marker(j), m["content"])} for j, m in enumerate(messages)]
+    for j in slots:
+        marked[j][field] = marker(len(messages) + j)  # type: ignore[index]
+    return marked
 
 
 def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str | None:
@@ -174,16 +257,21 @@ def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str |
 
 
 def _build(
-    template: ChatTemplate, tracer: Tracer, messages: Sequence[dict[str, Any]]
+    template: ChatTemplate,
+    tracer: Tracer,
+    messages: Sequence[dict[str, Any]],
+    field: str | None = None,
 ) -> Skeleton | None:
-    probe = _render(template, markers_in(messages))
+    slots = reasoning_slots(messages, field)
+    probe = _render(template, markers_in(messages, field, slots))
     if probe is None:
         return None
     try:
-        pieces = cut(probe, range(len(messages)))
+        cut_at = cut_slots(probe, len(messages), slots)
     except Misplaced:
         return None
-    return Skeleton(template, messages, pieces, tracer.checks(messages, probe))
+    checks = tracer.checks(messages, probe, field, slots)
+    return Skeleton(template, messages, cut_at, checks, field)
 
 
 class Misplaced(Exception):
@@ -212,6 +300,28 @@ def cut(probe: str, ids: Sequence[int]) -> list[str]:
     if any(MARKER in piece for piece in pieces):
         raise Misplaced(len(ids), "marker")  # a marker written out of order
     return pieces
+
+
+def cut_slots(probe: str, n: int, slots: Sequence[int]) -> tuple[list[str], list[int]]:
+    """``probe``, a rendering with the ``n`` contents and the reasoning of messages ``slots``
+    replaced by their markers, cut at the markers it holds: the pieces and the slots in the
+    order written. Every content must be written once, in order; a reasoning once or not at
+    all (raises :class:`Misplaced`)."""
+    if not slots:
+        return cut(probe, range(n)), list(range(n))
+    found: list[tuple[int, int]] = []
+    for slot in (*range(n), *(n + j for j in slots)):
+        at = probe.find(marker(slot))
+        if at >= 0 and probe.find(marker(slot), at + 1) >= 0:
+            raise Misplaced(min(slot, n), "marker")
+        if at < 0 and slot < n:
+            raise Misplaced(slot, "marker")
+        if at >= 0:
+            found.append((at, slot))
+    order = [slot for _, slot in sorted(found)]
+    if [slot for slot in order if slot < n] != list(range(n)):
+        raise Misplaced(n, "marker")  # contents written out of order
+    return cut(probe, order), order
 
 
 def place(pieces: Sequence[str], contents: Sequence[str], full: str) -> list[tuple[int, int]]:

@@ -361,16 +361,30 @@ class Tracer:
                     self._compiled = self._template.compile(env)
             return self._compiled
 
-    def checks(self, messages: Sequence[dict[str, Any]], probe: str) -> tuple[Check, ...] | None:
-        """The questions the template asks of ``messages``' contents, when a traced rendering
-        of their shape writes exactly ``probe`` (the rendering with every content replaced by
-        its marker); None when the template does what a trace cannot follow."""
+    def checks(
+        self,
+        messages: Sequence[dict[str, Any]],
+        probe: str,
+        field: str | None = None,
+        slots: Sequence[int] = (),
+    ) -> tuple[Check, ...] | None:
+        """The questions the template asks of ``messages``' contents (and of the ``field`` of
+        the messages ``slots``: their reasoning, slot ``len(messages) + j``), when a traced
+        rendering of their shape writes exactly ``probe`` (the rendering with every content
+        and slot replaced by its marker); None when the template does what a trace cannot
+        follow."""
         compiled = self._compile()
         if compiled is None:
             return None
         template, scope = compiled
-        trace = _Trace([stand_in(marker(i), m["content"]) for i, m in enumerate(messages)])
+        n = len(messages)
+        markers = [stand_in(marker(i), m["content"]) for i, m in enumerate(messages)]
+        if slots:
+            markers += [marker(n + j) if j in slots else "" for j in range(n)]
+        trace = _Trace(markers)
         traced = [{**m, "content": Opaque(i, trace)} for i, m in enumerate(messages)]
+        for j in slots:
+            traced[j][field] = Opaque(n + j, trace)  # type: ignore[index]
         scope = scope.copy()
         scope["messages"] = traced
         scope[chat_budget.BUDGET_KEY] = chat_budget.RenderBudget(traced)
@@ -402,8 +416,9 @@ def _no_capture(env: Any, text: str) -> bool:
     return not any(True for _ in ast.find_all(captures))
 
 
-def holds(checks: Sequence[Check], contents: Sequence[str]) -> bool:
-    """Whether ``contents`` give every recorded answer."""
+def holds(checks: Sequence[Check], contents: Sequence[str | None]) -> bool:
+    """Whether ``contents`` (by slot: the contents, then the reasoning of messages with one)
+    give every recorded answer."""
     try:
         return all(question(contents[i], *args) == answer for i, question, args, answer in checks)
     except Exception:

@@ -177,7 +177,7 @@ class RenderChat(Operator):
     def skeletons(self) -> Skeletons:
         """The skeletons of the conversation shapes met (:mod:`..chat_skeleton`)."""
         if self._skeletons is None:
-            self._skeletons = Skeletons(self.chat_template)
+            self._skeletons = Skeletons(self.chat_template, field=self.reasoning_field)
         return self._skeletons
 
     def _eos_id(self) -> int:
