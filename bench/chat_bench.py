@@ -1,7 +1,9 @@
 """The chat pipeline against its tokenizer alone, as ratios taken in one run (issue 22).
 
-For each corpus shape (short and long conversations) and tokenizer (a byte-level BPE trained
-on the spot with ChatML's special tokens, and Qwen3's real tokenizer with its real template):
+For each corpus shape (short and long conversations, and conversations whose assistant turns
+carry a ``reasoning_content``) and tokenizer (a byte-level BPE trained on the spot with
+ChatML's special tokens, and Qwen3's real tokenizer with its real template; the reasoning shape
+on Qwen3 alone, whose template writes the reasoning, in a trained ``<think>`` block):
 
 * the tokenizer alone: ``encode_batch`` on 2 threads over the conversations *already rendered*
   with the same chat template (the same texts, the same tokens);
@@ -52,10 +54,15 @@ from .workload import runtime
 
 log = logging.getLogger("bench")
 
-SHAPES = {"short": 40, "long": 400}  # mean words per answer
-#: About 40M and 10M tokens: each lane's reservoir holds 3-10% of its rows, and the short
+SHAPES = {"short": 40, "long": 400, "reasoning": 120}  # mean words per answer
+#: Mean words of each assistant turn's ``reasoning_content`` (the other shapes have none).
+REASONING_WORDS = {"reasoning": 300}
+#: Shapes measured on the tokenizers whose template writes a reasoning: Qwen3's (the trained
+#: BPE's ChatML template leaves every reasoning out).
+REASONING_SHAPES = ("reasoning",)
+#: About 40M, 10M and 10M tokens: each lane's reservoir holds 3-10% of its rows, and the short
 #: corpus's steady window spans about 6 flush periods (:func:`flush_periods`).
-CONVERSATIONS = {"short": 192000, "long": 6400}
+CONVERSATIONS = {"short": 192000, "long": 6400, "reasoning": 12800}
 QWEN3 = Path(__file__).resolve().parents[1] / "build" / "tokenizers" / "qwen3" / "tokenizer.json"
 TARGET = 0.8
 RUNNER = "threads"
@@ -74,7 +81,8 @@ SECTION = "## Chat pipeline"
 def write_corpus(shape: str, quick: bool) -> tuple[Path, list[dict[str, Any]]]:
     """JSONL shards of generated conversations under bench/results (made once per shape)."""
     n = CONVERSATIONS[shape] // (4 if quick else 1)
-    convs = generate_conversations(n, seed=11, mean_words=SHAPES[shape])
+    reasoning = REASONING_WORDS.get(shape, 0)
+    convs = generate_conversations(n, seed=11, mean_words=SHAPES[shape], reasoning_words=reasoning)
     root = RESULTS / f"chat-{shape}-{n}"
     if not (root / ".complete").exists():
         root.mkdir(parents=True, exist_ok=True)
@@ -197,7 +205,7 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
     cases: list[dict[str, Any]] = []
     for shape in SHAPES:
         root, convs = write_corpus(shape, quick)
-        tokenizers = {"BPE 8k (trained)": trained_bpe()}
+        tokenizers = {} if shape in REASONING_SHAPES else {"BPE 8k (trained)": trained_bpe()}
         if QWEN3.exists():
             tokenizers["Qwen3 (real)"] = QWEN3
         else:

@@ -609,6 +609,21 @@ def test_chat_corpus_is_deterministic_and_its_template_is_chatml(tmp_path):
     )
 
 
+def test_a_reasoning_corpus_is_the_same_conversations_with_a_reasoning_per_answer():
+    from zephon_server.engine.chat_corpus import generate_conversations
+
+    plain = generate_conversations(30, seed=4, mean_words=20)
+    reasoning = generate_conversations(30, seed=4, mean_words=20, reasoning_words=50)
+    assert plain == generate_conversations(30, seed=4, mean_words=20, reasoning_words=0)
+    assert reasoning == generate_conversations(30, seed=4, mean_words=20, reasoning_words=50)
+    for a, b in zip(plain, reasoning):
+        assert [m["content"] for m in a["messages"]] == [m["content"] for m in b["messages"]]
+        thoughts = [m.get("reasoning_content") for m in b["messages"]]
+        roles = [m["role"] for m in b["messages"]]
+        assert all((t is not None) == (r == "assistant") for t, r in zip(thoughts, roles))
+        assert all(len(t.split()) > 5 for t in thoughts if t is not None)
+
+
 def test_an_empty_contents_stand_in_is_written_as_its_marker_and_answers_as_empty():
     from zephon_server.engine.chat_trace import EmptyStandIn, stand_in
 

@@ -35,14 +35,23 @@ SYSTEM_PROMPTS = (
 )
 
 
-def generate_conversations(n: int, *, seed: int = 0, mean_words: int = 40) -> list[dict[str, Any]]:
-    """``n`` deterministic conversations (records with a ``messages`` list)."""
+def generate_conversations(
+    n: int, *, seed: int = 0, mean_words: int = 40, reasoning_words: int = 0
+) -> list[dict[str, Any]]:
+    """``n`` deterministic conversations (records with a ``messages`` list); with
+    ``reasoning_words``, every assistant turn has a ``reasoning_content`` of about that many
+    words (the conversations are otherwise the same)."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 4000])))
     turns = rng.integers(1, 5, size=n)
     systems = rng.integers(-1, len(SYSTEM_PROMPTS), size=n)  # -1: no system prompt
     total = int(turns.sum())
     questions = generate_texts(total, seed=seed, mean_words=max(3, mean_words // 3), tag=41)
     answers = generate_texts(total, seed=seed, mean_words=mean_words, tag=42)
+    reasoning = (
+        generate_texts(total, seed=seed, mean_words=reasoning_words, tag=43)
+        if reasoning_words
+        else None
+    )
     out = []
     k = 0
     for i in range(n):
@@ -52,6 +61,8 @@ def generate_conversations(n: int, *, seed: int = 0, mean_words: int = 40) -> li
         for _ in range(int(turns[i])):
             messages.append({"role": "user", "content": questions[k]})
             messages.append({"role": "assistant", "content": answers[k]})
+            if reasoning is not None:
+                messages[-1]["reasoning_content"] = reasoning[k]
             k += 1
         out.append({"messages": messages})
     return out
