@@ -311,6 +311,9 @@ def test_a_template_drawing_random_values_is_a_config_error(tmp_path, text):
         ({"max_length": 0}, "max_length must be an integer >= 1"),
         ({"date": "yesterday"}, "date must be an ISO date"),
         ({"messages_field": ""}, "messages_field must be a non-empty string"),
+        ({"reasoning_field": 3}, "reasoning_field must be a non-empty string"),
+        ({"train_reasoning": "yes"}, "train_reasoning must be true or false"),
+        ({"completion_eos": 1}, "completion_eos must be true or false"),
     ],
 )
 def test_bad_parameters_are_config_errors(tok_dirs, params, match):

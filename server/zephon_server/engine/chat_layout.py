@@ -14,6 +14,13 @@ the message's *end of turn* (``<|im_end|>`` in ChatML, ``<|eot_id|>`` in Llama 3
 Mistral's format). A trained message contributes one character range: its content plus its end
 of turn. Headers, separators and the newline after the end token are never trained.
 
+A trained message's *reasoning* (a field such as ``reasoning_content``, which Qwen3's template
+writes in a ``<think>`` block before the content) is placed the same way, with a marker of its
+own; the turn is then trained from where the generation prompt ends (the conversation before
+it rendered with ``add_generation_prompt``) to its end of turn: the opening tag, the reasoning,
+the text up to the content, the content and the end of turn. A reasoning the template leaves
+out is reported (:attr:`ChatLayout.unwritten_reasoning`), never guessed at.
+
 Templates may render a turn differently when it is the last one (Qwen3 opens the final
 assistant turn with an empty ``<think>`` block): only the full rendering places contents, so
 that does not matter. A template that writes the text around a message differently depending
