@@ -55,6 +55,16 @@ def render(op: RenderChat, rows: list[dict[str, Any]]) -> list[SampleRecord]:
     return op.process_many(recs)
 
 
+def exchange(question: str, answer: str) -> dict[str, Any]:
+    """A conversation of one question and its answer."""
+    return {
+        "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
+    }
+
+
 def test_masks_are_exactly_assistant_contents_and_im_end(qwen3):
     op = RenderChat(tokenizer=qwen3)
     convs = generate_conversations(40, seed=5)
@@ -88,12 +98,7 @@ def test_reasoning_in_content_is_refused_not_mistrained(qwen3):
     # Qwen3's template rewrites an assistant content that holds "</think>" (it moves the
     # reasoning into a think block): the content is not written verbatim, so no mask is made.
     op = RenderChat(tokenizer=qwen3)
-    conv = {
-        "messages": [
-            {"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "<think>add</think>\n\n4"},
-        ]
-    }
+    conv = exchange("2+2?", "<think>add</think>\n\n4")
     with pytest.raises(DataError, match="chat template"):
         render(op, [conv])
 
@@ -329,11 +334,6 @@ def test_a_content_whose_leading_newlines_qwen3_strips_keeps_its_trailing_space(
     # Qwen3 writes content.lstrip('\n'): stripping all whitespace would find "Four." and then
     # miss the end of turn behind the space, a chat_error for a valid record.
     op = RenderChat(tokenizer=qwen3)
-    conv = {
-        "messages": [
-            {"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "\nFour. "},
-        ]
-    }
+    conv = exchange("2+2?", "\nFour. ")
     out = render(op, [conv])[0]
     assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == ["Four. " + END]
