@@ -1,9 +1,10 @@
 """The chat pipeline against its tokenizer alone, as ratios taken in one run (issue 22).
 
-For each corpus shape (short and long conversations, and conversations whose assistant turns
-carry a ``reasoning_content``) and tokenizer (a byte-level BPE trained on the spot with
-ChatML's special tokens, and Qwen3's real tokenizer with its real template; the reasoning shape
-on Qwen3 alone, whose template writes the reasoning, in a trained ``<think>`` block):
+For each corpus shape (short and long conversations, conversations whose assistant turns carry
+a ``reasoning_content``, and conversations that call tools) and tokenizer (a byte-level BPE
+trained on the spot with ChatML's special tokens, and Qwen3's real tokenizer with its real
+template; the reasoning and tool shapes on Qwen3 alone, whose template writes the reasoning in a
+trained ``<think>`` block and the calls in trained ``<tool_call>`` blocks):
 
 * the tokenizer alone: ``encode_batch`` on 2 threads over the conversations *already rendered*
   with the same chat template (the same texts, the same tokens);
@@ -43,6 +44,7 @@ from zephon_server.engine.chat_corpus import (
     CHATML_TEMPLATE,
     generate_conversations,
 )
+from zephon_server.engine.chat_layout import check_messages
 from zephon_server.engine.chat_template import ChatTemplate, find_template
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
@@ -54,15 +56,20 @@ from .workload import runtime
 
 log = logging.getLogger("bench")
 
-SHAPES = {"short": 40, "long": 400, "reasoning": 120}  # mean words per answer
-#: Mean words of each assistant turn's ``reasoning_content`` (the other shapes have none).
-REASONING_WORDS = {"reasoning": 300}
-#: Shapes measured on the tokenizers whose template writes a reasoning: Qwen3's (the trained
-#: BPE's ChatML template leaves every reasoning out).
-REASONING_SHAPES = ("reasoning",)
-#: About 40M, 10M and 10M tokens: each lane's reservoir holds 3-10% of its rows, and the short
-#: corpus's steady window spans about 6 flush periods (:func:`flush_periods`).
-CONVERSATIONS = {"short": 192000, "long": 6400, "reasoning": 12800}
+SHAPES = {"short": 40, "long": 400, "reasoning": 120, "tools": 120}  # mean words per answer
+#: What else a shape's conversations carry (``generate_conversations`` options): a reasoning
+#: of about 300 words on every answer, or a tool call before every other answer.
+SHAPE_OPTIONS: dict[str, dict[str, Any]] = {
+    "reasoning": {"reasoning_words": 300},
+    "tools": {"tool_calls": True},
+}
+#: Shapes measured on Qwen3 alone, whose template writes reasoning and tool calls (the trained
+#: BPE's ChatML template writes neither).
+QWEN3_SHAPES = ("reasoning", "tools")
+#: About 40M, 10M, 10M and 10M tokens: each lane's reservoir holds 3-11% of its rows, and the
+#: short corpus's steady window spans about 6 flush periods (:func:`flush_periods`); the others
+#: end before a lane's first flush.
+CONVERSATIONS = {"short": 192000, "long": 6400, "reasoning": 12800, "tools": 16000}
 QWEN3 = Path(__file__).resolve().parents[1] / "build" / "tokenizers" / "qwen3" / "tokenizer.json"
 TARGET = 0.8
 RUNNER = "threads"
@@ -81,8 +88,8 @@ SECTION = "## Chat pipeline"
 def write_corpus(shape: str, quick: bool) -> tuple[Path, list[dict[str, Any]]]:
     """JSONL shards of generated conversations under bench/results (made once per shape)."""
     n = CONVERSATIONS[shape] // (4 if quick else 1)
-    reasoning = REASONING_WORDS.get(shape, 0)
-    convs = generate_conversations(n, seed=11, mean_words=SHAPES[shape], reasoning_words=reasoning)
+    options = SHAPE_OPTIONS.get(shape, {})
+    convs = generate_conversations(n, seed=11, mean_words=SHAPES[shape], **options)
     root = RESULTS / f"chat-{shape}-{n}"
     if not (root / ".complete").exists():
         root.mkdir(parents=True, exist_ok=True)
@@ -127,7 +134,8 @@ def rendered_texts(tokenizer: Path, convs: list[dict[str, Any]]) -> list[str]:
     import datetime
 
     template = ChatTemplate(find_template(str(tokenizer), None), date=datetime.date(2025, 1, 1))
-    return [template.render(c["messages"]) for c in convs]
+    # As render_chat reads them (a null content beside tool calls is the empty content).
+    return [template.render(check_messages(c["messages"], "messages", 1024)) for c in convs]
 
 
 def pipeline_config(root: Path, tokenizer: Path) -> dict[str, Any]:
@@ -205,7 +213,7 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
     cases: list[dict[str, Any]] = []
     for shape in SHAPES:
         root, convs = write_corpus(shape, quick)
-        tokenizers = {} if shape in REASONING_SHAPES else {"BPE 8k (trained)": trained_bpe()}
+        tokenizers = {} if shape in QWEN3_SHAPES else {"BPE 8k (trained)": trained_bpe()}
         if QWEN3.exists():
             tokenizers["Qwen3 (real)"] = QWEN3
         else:

@@ -224,7 +224,9 @@ def test_a_skeleton_learns_where_the_generation_prompt_ends():
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4", field: "Add."},
     ]
-    skeleton = Skeletons(tpl, field=field).get(messages)
+    skeletons = Skeletons(tpl, field=field)
+    skeletons.get(messages)
+    skeleton = skeletons.get(messages)  # met twice: traced, so it fills without rendering
     assert skeleton is not None and skeleton.slots == (1,)
     assert skeleton.order == (0, 3, 1)  # the reasoning (slot n + 1) before its content
     assert skeleton.opening(1) == len("<think>\n")  # the prompt ends before the think tag

@@ -256,7 +256,7 @@ def test_contents_carried_in_a_namespace_are_traced_and_written_exactly():
     convs = conversations()
     plain = [outcome(tpl, m, None) for m in convs]
     skeletons = Skeletons(tpl)
-    assert all(skeletons.get(m).checks == () for m in convs)  # nothing asked
+    assert all(met_twice(skeletons, m).checks == () for m in convs)  # nothing asked
     assert [outcome(tpl, m, skeletons) for m in convs] == plain  # closes learned
     tpl.renders = 0
     assert [outcome(tpl, m, skeletons) for m in convs] == plain
@@ -279,8 +279,35 @@ def test_a_shape_asking_too_many_questions_is_rendered_instead():
         return template(body)
 
     few, many = asking(bound // 2 - 1), asking(bound // 2 + 1)
-    assert len(Skeletons(few).get(messages).checks) == 2 * (bound // 2 - 1)
-    assert Skeletons(many).get(messages).checks is None
+    assert len(met_twice(Skeletons(few), messages).checks) == 2 * (bound // 2 - 1)
+    refused = met_twice(Skeletons(many), messages)
+    assert refused.traced and refused.checks is None
     convs = conversations()
     skeletons = Skeletons(many)
     assert [outcome(many, m, skeletons) for m in convs] == [outcome(many, m, None) for m in convs]
+
+
+def met_twice(skeletons: Skeletons, messages: list[dict[str, Any]]) -> Any:
+    """The skeleton of ``messages``' shape once it is traced: a shape is traced when it is met
+    a second time."""
+    skeletons.get(messages)
+    return skeletons.get(messages)
+
+
+def test_a_shape_is_traced_when_it_is_met_a_second_time():
+    # Records with their own tool calls or fields are shapes of their own: tracing each would
+    # cost more than rendering it. The first one of a shape is rendered; from the second on,
+    # conversations are written from the skeleton.
+    tpl = Counting(TemplateSource(CHATML, "test"), date=DAY)
+    first = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    second = [{"role": "user", "content": "r"}, {"role": "assistant", "content": "b"}]
+    skeletons = Skeletons(tpl)
+    skeleton = skeletons.get(first)
+    assert not skeleton.traced and skeleton.checks is None  # met once: not traced
+    assert skeleton.fill(first) is None  # so its conversations are rendered
+    skeleton.close(0)  # what closes the first turn, learned once per shape
+    tpl.renders = 0
+    laid_out = outcome(tpl, second, skeletons)
+    assert skeleton.traced and skeleton.checks == ()  # met again: traced
+    assert tpl.renders == 0  # and written from the skeleton
+    assert laid_out == outcome(tpl, second, None)

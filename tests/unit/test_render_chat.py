@@ -627,6 +627,29 @@ def test_a_reasoning_corpus_is_the_same_conversations_with_a_reasoning_per_answe
         assert all(len(t.split()) > 5 for t in thoughts if t is not None)
 
 
+def test_a_tool_calling_corpus_calls_a_tool_before_every_other_answer():
+    from zephon_server.engine.chat_corpus import generate_conversations
+
+    plain = generate_conversations(30, seed=4, mean_words=20)
+    tools = generate_conversations(30, seed=4, mean_words=20, tool_calls=True)
+    assert tools == generate_conversations(30, seed=4, mean_words=20, tool_calls=True)
+    contents = set()
+    exchanges = called = 0
+    for a, b in zip(plain, tools):
+        calls = [m for m in b["messages"] if "tool_calls" in m]
+        assert [m for m in b["messages"] if "tool_calls" not in m and m["role"] != "tool"] == (
+            a["messages"]
+        )
+        exchanges += sum(m["role"] == "user" for m in a["messages"])
+        called += len(calls)
+        for call in calls:
+            following = b["messages"][b["messages"].index(call) + 1]
+            assert following["role"] == "tool" and following["content"]
+            contents.add(call["content"])
+    assert contents == {"", None, "Let me check that."}
+    assert called == (exchanges + 1) // 2  # exchanges 0, 2, 4, ... of the corpus
+
+
 def test_an_empty_contents_stand_in_is_written_as_its_marker_and_answers_as_empty():
     from zephon_server.engine.chat_trace import EmptyStandIn, stand_in
 

@@ -36,11 +36,18 @@ SYSTEM_PROMPTS = (
 
 
 def generate_conversations(
-    n: int, *, seed: int = 0, mean_words: int = 40, reasoning_words: int = 0
+    n: int,
+    *,
+    seed: int = 0,
+    mean_words: int = 40,
+    reasoning_words: int = 0,
+    tool_calls: bool = False,
 ) -> list[dict[str, Any]]:
     """``n`` deterministic conversations (records with a ``messages`` list); with
     ``reasoning_words``, every assistant turn has a ``reasoning_content`` of about that many
-    words (the conversations are otherwise the same)."""
+    words; with ``tool_calls``, every other exchange first calls a tool (an assistant turn with
+    an empty, null or worded content and a ``tool_calls`` list, then the ``tool`` turn that
+    answers it). The questions and answers are the same either way."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 4000])))
     turns = rng.integers(1, 5, size=n)
     systems = rng.integers(-1, len(SYSTEM_PROMPTS), size=n)  # -1: no system prompt
@@ -52,14 +59,21 @@ def generate_conversations(
         if reasoning_words
         else None
     )
+    results = (
+        generate_texts(total, seed=seed, mean_words=max(3, mean_words // 2), tag=44)
+        if tool_calls
+        else None
+    )
     out = []
     k = 0
     for i in range(n):
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, Any]] = []
         if systems[i] >= 0:
             messages.append({"role": "system", "content": SYSTEM_PROMPTS[int(systems[i])]})
         for _ in range(int(turns[i])):
             messages.append({"role": "user", "content": questions[k]})
+            if results is not None and k % 2 == 0:
+                messages += _tool_exchange(k, questions[k], results[k])
             messages.append({"role": "assistant", "content": answers[k]})
             if reasoning is not None:
                 messages[-1]["reasoning_content"] = reasoning[k]
@@ -68,9 +82,26 @@ def generate_conversations(
     return out
 
 
+#: The tools the generated tool calls name.
+TOOLS = ("search", "lookup", "calculate")
+
+
+def _tool_exchange(k: int, question: str, result: str) -> list[dict[str, Any]]:
+    """Exchange ``k``'s tool call (content empty, null or worded, in turn) and its answer."""
+    call = {
+        "type": "function",
+        "function": {"name": TOOLS[k % 3], "arguments": {"query": " ".join(question.split()[:4])}},
+    }
+    content = ("", None, "Let me check that.")[k % 3]
+    return [
+        {"role": "assistant", "content": content, "tool_calls": [call]},
+        {"role": "tool", "content": result},
+    ]
+
+
 def chat_texts(conversations: list[dict[str, Any]]) -> list[str]:
     """Each conversation's contents joined by newlines (the texts without any template)."""
-    return ["\n".join(m["content"] for m in c["messages"]) for c in conversations]
+    return ["\n".join(m["content"] or "" for m in c["messages"]) for c in conversations]
 
 
 def write_chatml_template(path: str | os.PathLike[str]) -> Path:

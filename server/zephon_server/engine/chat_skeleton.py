@@ -111,6 +111,7 @@ class Skeleton:
         self.order = None if order == list(range(len(messages))) else tuple(order)
         self._contents = range(len(messages))
         self.checks = checks  # None: every conversation of the shape is rendered
+        self.traced = checks is not None  # checks None and not traced: not asked yet
         self._closes: dict[int, str | None] = {}
         self._openings: dict[int, int | None] = {}
 
@@ -146,6 +147,16 @@ class Skeleton:
         if not prompt.startswith(head) or MARKER in tail or not self.pieces[k].startswith(tail):
             return None
         return len(self.pieces[k]) - len(tail)
+
+    def trace(self, tracer: Tracer, messages: Sequence[dict[str, Any]]) -> None:
+        """Learn the questions the template asks of the slots (:mod:`.chat_trace`), from
+        any conversation of the shape, once: a shape met a second time is worth tracing."""
+        if self.traced:
+            return
+        order = self.order or self._contents
+        probe = "".join(p + marker(slot) for p, slot in zip(self.pieces, order))
+        self.checks = tracer.checks(messages, probe + self.pieces[-1], self.field, self.slots)
+        self.traced = True
 
     def values(self, messages: Sequence[dict[str, Any]]) -> list[Any]:
         """The texts of the slots, by slot: the contents, then (for a shape with reasoning
@@ -226,9 +237,12 @@ class Skeletons:
                 self._cache.move_to_end(key)
             except KeyError:
                 pass
+            if found is not None and not found.traced:
+                found.trace(self._tracer, messages)  # the same checks whoever traces first
             return found
-        # The same for every caller:
-        skeleton = _build(self._template, self._tracer, messages, self._field)
+        # The same for every caller. Not traced yet: a tracing costs a few renderings, and most
+        # shapes of records with their own tool calls or fields are met once.
+        skeleton = _build(self._template, messages, self._field)
         if shape_chars(key) > MAX_SHAPE_CHARS:
             return skeleton  # too big to keep (see MAX_SHAPE_CHARS)
         with self._lock:
@@ -257,10 +271,7 @@ def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str |
 
 
 def _build(
-    template: ChatTemplate,
-    tracer: Tracer,
-    messages: Sequence[dict[str, Any]],
-    field: str | None = None,
+    template: ChatTemplate, messages: Sequence[dict[str, Any]], field: str | None = None
 ) -> Skeleton | None:
     slots = reasoning_slots(messages, field)
     probe = _render(template, markers_in(messages, field, slots))
@@ -270,8 +281,7 @@ def _build(
         cut_at = cut_slots(probe, len(messages), slots)
     except Misplaced:
         return None
-    checks = tracer.checks(messages, probe, field, slots)
-    return Skeleton(template, messages, cut_at, checks, field)
+    return Skeleton(template, messages, cut_at, None, field)
 
 
 class Misplaced(Exception):
