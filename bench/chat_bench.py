@@ -290,7 +290,10 @@ def markdown(result: dict[str, Any], provenance: str) -> str:
         "batches arrive in bursts; the steady window spans the number of these flush periods "
         f"shown (at least {STEADY_PERIODS} when a lane flushes before its end; 0: none does). "
         "Medians of "
-        f"{result['rounds']} alternating rounds after one untimed run of each. Target ≥ {TARGET}.",
+        f"{result['rounds']} alternating rounds after one untimed run of each. Target ≥ {TARGET}. "
+        "Shapes: short and long answers (about 40 and 400 words); reasoning (120-word answers, "
+        "each with a 300-word `reasoning_content`, trained where Qwen3's template writes it); "
+        "tools (120-word answers, every other one after a tool call and the tool's answer).",
         "",
         "| conversations | tokenizer | chat / tokenizer alone (steady state) | rounds "
         "| whole run | reservoir / lane | flush periods in window | tokenizer alone | verdict |",
