@@ -3,7 +3,12 @@ steady-state ratio, and a corpus too small for a steady window says so instead o
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from bench import chat_bench
+from zephon_server.engine.chat_corpus import generate_conversations
 
 BASE = {
     "shape": "short",
@@ -84,3 +89,22 @@ def test_the_benchmark_runs_on_the_servers_default_allocator(monkeypatch):
         except SystemExit:
             pass
     assert calls == [("auto", None), ("system", None)]
+
+
+def test_every_shape_has_a_corpus_size_and_options_the_generator_takes():
+    assert set(chat_bench.CONVERSATIONS) == set(chat_bench.SHAPES)
+    assert set(chat_bench.QWEN3_SHAPES) <= set(chat_bench.SHAPES)
+    for shape, options in chat_bench.SHAPE_OPTIONS.items():
+        convs = generate_conversations(4, seed=1, mean_words=chat_bench.SHAPES[shape], **options)
+        assert convs != generate_conversations(4, seed=1, mean_words=chat_bench.SHAPES[shape])
+
+
+def test_the_tokenizer_alone_reads_tool_calling_records_as_render_chat_does():
+    # A tool-calling turn's null content is the empty content for render_chat; Qwen3's
+    # template fails on a null, so the texts compared with must be rendered the same way.
+    if not Path(chat_bench.QWEN3).exists():
+        pytest.fail(f"{chat_bench.QWEN3} is missing: run `make tokenizers` (`make test` does)")
+    convs = generate_conversations(6, seed=1, mean_words=10, tool_calls=True)
+    assert any(m["content"] is None for c in convs for m in c["messages"])
+    texts = chat_bench.rendered_texts(chat_bench.QWEN3, convs)
+    assert len(texts) == 6 and sum(t.count("<tool_call>") for t in texts) >= 3

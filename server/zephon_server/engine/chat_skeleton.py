@@ -3,17 +3,21 @@
 Finding the trained characters of a conversation (:mod:`.chat_layout`) takes renderings with
 markers in place of contents: one of the whole conversation, and one per trained turn that is
 not the last. Those renderings depend on the conversation's *shape* (its roles, and any field
-of a message but its content), not on what the messages say, for every template that does not
-branch on contents. A :class:`Skeletons` cache keeps, per shape, the rendering with *every*
-content replaced by a marker, cut at the markers (:class:`Skeleton`), and learns lazily, per
-trained turn, what the template writes after a turn that closes the conversation.
+of a message but its content and its reasoning), not on what the messages say, for every
+template that does not branch on contents. A :class:`Skeletons` cache keeps, per shape, the
+rendering with every *slot* (each content, and each non-empty reasoning) replaced by a
+marker, cut at the markers (:class:`Skeleton`), and learns lazily, per trained turn, what the
+template writes after a turn that closes the conversation and where the generation prompt
+before a reasoning ends.
 
 The cache never decides what is trained on its own. A conversation's real rendering must be
 exactly its skeleton with the contents put back (verbatim, or stripped for templates that
 ``trim``); when it is not (a template that branches on contents, rewrites one, or drops one),
 :func:`layout_chat` falls back to rendering this conversation's own markers. A skeleton also
-keeps the questions its template asks of the contents (:mod:`.chat_trace`), when a traced
-rendering could follow them: a conversation whose contents answer them as the markers did
+keeps the questions its template asks of the slots (:mod:`.chat_trace`), when a traced
+rendering could follow them, learned when its shape is met a second time (most shapes of
+records with their own tool calls are met once, and a trace costs more than a rendering): a
+conversation whose contents answer them as the markers did
 renders as the skeleton with its contents in place, and :meth:`Skeleton.fill` writes that
 without rendering. The skeleton of a shape depends only on the shape, so which conversation
 met a shape first never changes a result, on any runner or worker.
@@ -98,7 +102,6 @@ class Skeleton:
         template: ChatTemplate,
         messages: Sequence[dict[str, Any]],
         cut_at: tuple[list[str], list[int]],
-        checks: tuple[Check, ...] | None = None,
         field: str | None = None,
     ) -> None:
         self._template = template
@@ -110,8 +113,10 @@ class Skeleton:
         #: The slots in the order written; None for the contents alone, in order.
         self.order = None if order == list(range(len(messages))) else tuple(order)
         self._contents = range(len(messages))
-        self.checks = checks  # None: every conversation of the shape is rendered
-        self.traced = checks is not None  # checks None and not traced: not asked yet
+        #: The questions the template asks of the slots; None: every conversation of the
+        #: shape is rendered (not traced yet, or the template does what a trace cannot follow).
+        self.checks: tuple[Check, ...] | None = None
+        self.traced = False
         self._closes: dict[int, str | None] = {}
         self._openings: dict[int, int | None] = {}
 
@@ -281,7 +286,7 @@ def _build(
         cut_at = cut_slots(probe, len(messages), slots)
     except Misplaced:
         return None
-    return Skeleton(template, messages, cut_at, None, field)
+    return Skeleton(template, messages, cut_at, field)
 
 
 class Misplaced(Exception):

@@ -144,10 +144,10 @@ def _plain(value: Any) -> bool:
 class _Trace:
     """What one traced rendering recorded: its checks, and the texts it wrote for contents."""
 
-    def __init__(self, markers: Sequence[str]) -> None:
-        self.markers = markers  # what each content's questions are answered as
+    def __init__(self, markers: Sequence[str], messages: int) -> None:
+        self.markers = markers  # what each slot's questions are answered as
         self.checks: dict[Check, None] = {}  # each question once, in the order first asked
-        self.limit = MAX_CHECKS_BASE + MAX_CHECKS_PER_MESSAGE * len(markers)
+        self.limit = MAX_CHECKS_BASE + MAX_CHECKS_PER_MESSAGE * messages
         self.written: dict[int, str] = {}  # id -> text: kept alive, so ids stay unique
 
     def ask(self, i: int, question: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -381,7 +381,7 @@ class Tracer:
         markers = [stand_in(marker(i), m["content"]) for i, m in enumerate(messages)]
         if slots:
             markers += [marker(n + j) if j in slots else "" for j in range(n)]
-        trace = _Trace(markers)
+        trace = _Trace(markers, n)
         traced = [{**m, "content": Opaque(i, trace)} for i, m in enumerate(messages)]
         for j in slots:
             traced[j][field] = Opaque(n + j, trace)  # type: ignore[index]

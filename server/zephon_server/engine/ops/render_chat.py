@@ -5,7 +5,10 @@ record itself: a JSONL line (or a Parquet value holding JSON, or a list of messa
 
 * a ``messages`` field (name configurable): ``[{role, content}, ...]``, rendered with the
   chat template (:mod:`..chat_template`); which characters are trained comes from rendering
-  the conversation turn by turn (:mod:`..chat_layout`), never from special-token ids;
+  the conversation turn by turn (:mod:`..chat_layout`), never from special-token ids; a
+  trained turn's reasoning (``reasoning_content``, name configurable) is trained too where the
+  template writes it, from the end of the generation prompt (``train_reasoning: false``: only
+  contents and ends of turn);
 * or ``prompt`` and ``completion`` strings (names configurable): the text ``prompt +
   completion``, trained on the completion, then the EOS token (trained) when
   ``completion_eos`` is on and the tokenizer has one.
@@ -389,6 +392,11 @@ def _check_params(values: dict[str, Any]) -> None:
             raise ConfigError(
                 f"render_chat: {name} must be a non-empty string, got {values[name]!r}"
             )
+    if values["reasoning_field"] in ("role", "content"):
+        raise ConfigError(
+            f"render_chat: reasoning_field must name the field holding a message's reasoning, "
+            f"not its {values['reasoning_field']!r} (the default is reasoning_content)"
+        )
     if values["template"] is not None and not isinstance(values["template"], str):
         raise ConfigError(f"render_chat: template must be a file path, got {values['template']!r}")
     if values["train_on"] not in TRAIN_ON:
