@@ -119,7 +119,7 @@ def test_shapes_are_roles_and_every_other_field_and_the_cache_is_bounded():
     base = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     named = [{"role": "user", "content": "a", "name": "x"}, {"role": "assistant", "content": "c"}]
     assert shape_of(base) == ("user", "assistant")
-    assert shape_of(named)[0] == (json.dumps({"name": "x", "role": "user"}, sort_keys=True), False)
+    assert shape_of(named)[0] == (json.dumps({"role": "user", "name": "x"}), False)
     assert shape_of(base) == shape_of([{**m, "content": "other"} for m in base])
     assert shape_of([base[0], {**base[1], "content": ""}]) == (
         "user",
@@ -136,7 +136,7 @@ def test_shapes_are_roles_and_every_other_field_and_the_cache_is_bounded():
 def test_no_role_passes_for_another_messages_fields_or_emptiness():
     # A role spelling out another message's fields, or an empty content, must not share its
     # shape: the skeleton would then write that other message's text.
-    fields = json.dumps({"name": "x", "role": "user"}, sort_keys=True)
+    fields = json.dumps({"role": "user", "name": "x"})
     named = [{"role": "user", "content": "a", "name": "x"}, {"role": "assistant", "content": "b"}]
     posing = [{"role": fields, "content": "a"}, {"role": "assistant", "content": "b"}]
     empty = [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]
@@ -233,3 +233,27 @@ def test_a_skeleton_learns_where_the_generation_prompt_ends():
     full, ranges = skeleton.fill(messages)
     assert full[ranges[3][0] - skeleton.opening(1) :].startswith("<think>\nAdd.")
     assert full[: ranges[3][0] - skeleton.opening(1)].endswith("<|im_start|>assistant\n")
+
+
+def test_the_order_of_a_mappings_keys_is_part_of_the_shape():
+    # Qwen3 writes a tool call's arguments with tojson, in their order: two orders are two
+    # renderings, so a skeleton of one order must never write the other (it did, when shapes
+    # were keyed on sorted keys and the shape had been traced).
+    tpl = qwen3_template()
+
+    def call(arguments: dict[str, Any], question: str) -> list[dict[str, Any]]:
+        function = {"name": "f", "arguments": arguments}
+        return [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": function}]},
+            {"role": "tool", "content": "r"},
+            {"role": "assistant", "content": "done"},
+        ]
+
+    skeletons = Skeletons(tpl)
+    for question in ("x", "y"):  # met twice: traced, then filled without rendering
+        layout_chat(tpl, call({"a": 1, "b": 2}, question), "assistant", skeletons)
+    swapped = call({"b": 2, "a": 1}, "z")
+    got = layout_chat(tpl, swapped, "assistant", skeletons)
+    assert got == layout_chat(tpl, swapped, "assistant", None)
+    assert '{"b": 2, "a": 1}' in got.text

@@ -88,7 +88,9 @@ def _fields(message: dict[str, Any], field: str | None) -> str:
     rest = {
         k: _SLOT if k == field and _is_slot(v) else v for k, v in message.items() if k != "content"
     }
-    return json.dumps(rest, sort_keys=True, default=repr)
+    # Keys in the order given, not sorted: a template writes a mapping in its order (``tojson``,
+    # ``items()``), so two orders are two shapes.
+    return json.dumps(rest, default=repr)
 
 
 class Skeleton:
