@@ -19,7 +19,8 @@ import pytest
 from tests.support.chat_helpers import CHATML, HEADERS, INST
 from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.chat_layout import ChatError, layout_chat
-from zephon_server.engine.chat_skeleton import Misplaced, Skeletons, place, shape_of
+from zephon_server.engine.chat_skeleton import Misplaced, Skeletons, place
+from zephon_server.engine.chat_slots import shape_of
 from zephon_server.engine.chat_template import ChatTemplate, TemplateSource, find_template
 
 QWEN3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"

@@ -198,8 +198,9 @@ def test_checks_record_each_question_once_with_the_markers_answer():
     tpl = template(ASKING["startswith"] + ASKING["contains"] + ASKING["lstrip"])
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
     probe = tpl.render([{**m, "content": marker(i)} for i, m in enumerate(messages)])
-    checks = Tracer(tpl).checks(messages, probe)
-    assert checks is not None
+    traced = Tracer(tpl).checks(messages, probe)
+    assert traced is not None and traced.escaped == frozenset()
+    checks = traced.checks
     assert [(i, args, answer) for i, _, args, answer in checks] == [
         (0, ("!",), False),
         (0, ("secret",), False),

@@ -313,6 +313,7 @@ def test_a_template_drawing_random_values_is_a_config_error(tmp_path, text):
         ({"messages_field": ""}, "messages_field must be a non-empty string"),
         ({"reasoning_field": 3}, "reasoning_field must be a non-empty string"),
         ({"reasoning_field": "content"}, "reasoning_field must name the field holding"),
+        ({"reasoning_field": "tool_calls"}, "not its 'tool_calls'"),
         ({"train_reasoning": "yes"}, "train_reasoning must be true or false"),
         ({"completion_eos": 1}, "completion_eos must be true or false"),
     ],

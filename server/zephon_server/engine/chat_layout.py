@@ -35,7 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .chat_skeleton import Misplaced, Skeleton, Skeletons, cut, place, reasoning_slots
+from .chat_skeleton import Misplaced, Skeleton, Skeletons, cut, place
+from .chat_slots import reasoning_slots
 from .chat_template import ChatTemplate, ChatTemplateError
 from .chat_trace import MARKER, stand_in
 from .chat_trace import marker as _marker
@@ -224,7 +225,7 @@ def layout_chat(
     indices = trained_indices(messages, train_on)
     if skeleton is not None and placed is not None:
         last = len(messages) - 1
-        closes = {i: skeleton.close(i) for i in indices if i != last}
+        closes = {i: skeleton.closing(i, placed, full) for i in indices if i != last}
         starts = _skeleton_starts(skeleton, messages, indices, placed, reasoning)
         if None not in closes.values() and starts is not None:
             found = cast(dict[int, str], closes)  # no None among them

@@ -1,24 +1,24 @@
-"""Chat skeletons: what a template writes around the contents of one conversation shape.
+"""Chat skeletons: what a template writes around the texts of one conversation shape.
 
 Finding the trained characters of a conversation (:mod:`.chat_layout`) takes renderings with
 markers in place of contents: one of the whole conversation, and one per trained turn that is
-not the last. Those renderings depend on the conversation's *shape* (its roles, and any field
-of a message but its content and its reasoning), not on what the messages say, for every
-template that does not branch on contents. A :class:`Skeletons` cache keeps, per shape, the
-rendering with every *slot* (each content, and each non-empty reasoning) replaced by a
-marker, cut at the markers (:class:`Skeleton`), and learns lazily, per trained turn, what the
-template writes after a turn that closes the conversation and where the generation prompt
-before a reasoning ends.
+not the last. Those renderings depend on the conversation's *shape* (its roles, and the fields
+of its messages but the texts that are its slots, :mod:`.chat_slots`), not on what the
+messages say, for every template that does not branch on them. A :class:`Skeletons` cache
+keeps, per shape, the rendering with every *slot* (each content, each non-empty reasoning,
+each tool text) replaced by a marker, cut at the markers (:class:`Skeleton`), and learns
+lazily, per trained turn, what the template writes after a turn that closes the conversation
+and where the generation prompt before a reasoning ends.
 
 The cache never decides what is trained on its own. A conversation's real rendering must be
-exactly its skeleton with the contents put back (verbatim, or stripped for templates that
-``trim``); when it is not (a template that branches on contents, rewrites one, or drops one),
-:func:`layout_chat` falls back to rendering this conversation's own markers. A skeleton also
-keeps the questions its template asks of the slots (:mod:`.chat_trace`), when a traced
-rendering could follow them, learned when its shape is met a second time (most shapes of
-records with their own tool calls are met once, and a trace costs more than a rendering): a
-conversation whose contents answer them as the markers did
-renders as the skeleton with its contents in place, and :meth:`Skeleton.fill` writes that
+exactly its skeleton with the slots put back (verbatim, or stripped for templates that
+``trim``, or JSON-escaped for tool texts written inside ``tojson``); when it is not (a
+template that branches on contents, rewrites one, or drops one), :func:`layout_chat` falls
+back to rendering this conversation's own markers. A skeleton also keeps the questions its
+template asks of the slots (:mod:`.chat_trace`), when a traced rendering could follow them,
+learned when its shape is met a second time (a trace costs more than a rendering, and a
+shape met once does not repay it): a conversation whose slots answer them as the markers did
+renders as the skeleton with its slots in place, and :meth:`Skeleton.fill` writes that
 without rendering. The skeleton of a shape depends only on the shape, so which conversation
 met a shape first never changes a result, on any runner or worker.
 """
@@ -32,65 +32,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import chat_budget
+from .chat_slots import (
+    Part,
+    reasoning_slots,
+    shape_chars,
+    shape_of,
+    tool_texts,
+    with_slots,
+)
 from .chat_template import ChatTemplate, ChatTemplateError
-from .chat_trace import MARKER, Check, Tracer, holds, marker, stand_in
+from .chat_trace import MARKED, MARKER, Check, Tracer, holds, marker, slot_of, stand_in
 
 _ABSENT: Any = object()
 #: Shapes kept per operator (least recently used ones go first).
 MAX_SHAPES = 4096
 #: Largest shape kept, in characters of its roles and non-content fields: a shape carrying long
-#: fields (``reasoning_content``, big ``tool_calls``) or hundreds of turns is rarely met twice.
+#: fields or hundreds of turns is rarely met twice.
 MAX_SHAPE_CHARS = 4096
-#: One message of a shape: its role (a role and a non-empty content, the common case), or
-#: ``(fields, empty)`` with its fields but the content in a canonical form. A string never
-#: equals a tuple, so no role can pass for another message's fields.
-Part = str | tuple[str, bool]
-
-
-def shape_of(messages: Sequence[dict[str, Any]], field: str | None = None) -> tuple[Part, ...]:
-    """What a conversation's rendering may depend on besides its contents (and reasoning, the
-    non-empty strings of ``field``: slots as contents are): the roles, every other field of a
-    message (``name``, ``tool_calls``, ...) in a canonical form, and which contents are empty
-    (templates write some turns differently then: their markers answer as the empty string,
-    :class:`.chat_trace.EmptyStandIn`)."""
-    return tuple(
-        [
-            m["role"]
-            if len(m) == 2 and m["content"] != ""
-            else (_fields(m, field), m["content"] == "")
-            for m in messages
-        ]
-    )
-
-
-def reasoning_slots(messages: Sequence[dict[str, Any]], field: str | None) -> tuple[int, ...]:
-    """The messages whose ``field`` is a non-empty string: a slot of the skeleton each, marked
-    and put back as contents are (slot ``len(messages) + j``)."""
-    if field is None:
-        return ()
-    return tuple(j for j, m in enumerate(messages) if len(m) > 2 and _is_slot(m.get(field)))
-
-
-def _is_slot(value: Any) -> bool:
-    return type(value) is str and value != ""
-
-
-def shape_chars(shape: tuple[Part, ...]) -> int:
-    """Characters of a shape's roles and fields."""
-    return sum(len(part) if type(part) is str else len(part[0]) for part in shape)
-
-
-#: What a reasoning slot reads as in a shape's fields (its text is not part of the shape).
-_SLOT = "\ue000slot"
-
-
-def _fields(message: dict[str, Any], field: str | None) -> str:
-    rest = {
-        k: _SLOT if k == field and _is_slot(v) else v for k, v in message.items() if k != "content"
-    }
-    # Keys in the order given, not sorted: a template writes a mapping in its order (``tojson``,
-    # ``items()``), so two orders are two shapes.
-    return json.dumps(rest, default=repr)
 
 
 class Skeleton:
@@ -109,6 +67,8 @@ class Skeleton:
         self._template = template
         self.field = field
         self.slots = reasoning_slots(messages, field)
+        #: How many tool texts the shape has (slots ``2n`` to ``2n + tool_slots - 1``).
+        self.tool_slots = len(tool_texts(messages))
         self._shape = markers_in(messages, field, self.slots)
         pieces, order = cut_at
         self.pieces = tuple(pieces)
@@ -118,6 +78,8 @@ class Skeleton:
         #: The questions the template asks of the slots; None: every conversation of the
         #: shape is rendered (not traced yet, or the template does what a trace cannot follow).
         self.checks: tuple[Check, ...] | None = None
+        #: The slots the template writes JSON-escaped (inside ``tojson``), learned by the trace.
+        self.escaped: frozenset[int] = frozenset()
         self.traced = False
         self._closes: dict[int, str | None] = {}
         self._openings: dict[int, int | None] = {}
@@ -130,6 +92,21 @@ class Skeleton:
             at = -1 if probe is None else probe.find(marker(i))
             self._closes[i] = None if probe is None or at < 0 else probe[at + len(marker(i)) :]
         return self._closes[i]
+
+    def closing(self, i: int, placed: Sequence[Any], full: str) -> str | None:
+        """:meth:`close` for one conversation of the shape: its tool texts (which a turn's
+        close writes after its content) as ``full`` has them at their ``placed`` ranges."""
+        tail = self.close(i)
+        if tail is None or MARKER not in tail:
+            return tail
+        texts = []
+        for slot in map(slot_of, MARKED.findall(tail)):
+            if slot < 2 * len(self._contents) or placed[slot] is None:
+                return None  # a content or reasoning after the turn's own: cannot tell
+            start, end = placed[slot]
+            texts.append(full[start:end])
+        pieces = MARKED.split(tail)
+        return pieces[0] + "".join(t + p for t, p in zip(texts, pieces[1:]))
 
     def opening(self, i: int) -> int | None:
         """How many characters before message ``i``'s reasoning the generation prompt ends
@@ -162,16 +139,21 @@ class Skeleton:
             return
         order = self.order or self._contents
         probe = "".join(p + marker(slot) for p, slot in zip(self.pieces, order))
-        self.checks = tracer.checks(messages, probe + self.pieces[-1], self.field, self.slots)
+        traced = tracer.checks(messages, probe + self.pieces[-1], self.field, self.slots)
+        if traced is not None:
+            self.checks, self.escaped = traced.checks, traced.escaped
         self.traced = True
 
     def values(self, messages: Sequence[dict[str, Any]]) -> list[Any]:
-        """The texts of the slots, by slot: the contents, then (for a shape with reasoning
-        slots) the reasoning of each message that has one, None for the others."""
+        """The texts of the slots, by slot (:mod:`.chat_slots`): the contents, then (for a
+        shape with reasoning or tool slots) the reasoning of each message that has one, None
+        for the others, then the tool texts."""
         contents: list[Any] = [m["content"] for m in messages]
-        if self.slots:
+        if self.slots or self.tool_slots:
             field: Any = self.field
             contents += [m[field] if j in self.slots else None for j, m in enumerate(messages)]
+            if self.tool_slots:
+                contents += tool_texts(messages)
         return contents
 
     def fill(self, messages: Sequence[dict[str, Any]]) -> tuple[str, list[Any]] | None:
@@ -187,8 +169,9 @@ class Skeleton:
         parts: list[str] = []
         ranges: list[Any] = [None] * len(values)
         pos = 0
+        escaped = self.escaped
         for piece, slot in zip(self.pieces, self.order or self._contents):
-            value = values[slot]
+            value = values[slot] if slot not in escaped else json_escaped(values[slot])
             pos += len(piece)
             parts += (piece, value)
             ranges[slot] = (pos, pos + len(value))
@@ -207,8 +190,10 @@ class Skeleton:
         None otherwise."""
         values = self.values(messages)
         order = self.order or self._contents
+        tools = 2 * len(self._contents)  # the first tool slot
         try:
-            placed = place(self.pieces, [values[slot] for slot in order], full)
+            written = [values[slot] for slot in order]
+            placed = place(self.pieces, written, full, [slot >= tools for slot in order])
         except Misplaced:
             return None
         ranges: list[Any] = [None] * len(values)
@@ -263,11 +248,10 @@ def markers_in(
     messages: Sequence[dict[str, Any]], field: str | None = None, slots: Sequence[int] = ()
 ) -> list[dict[str, Any]]:
     """``messages`` with every content replaced by its marker (:func:`.chat_trace.stand_in`),
-    and the ``field`` of the messages ``slots`` by marker ``len(messages) + j``."""
+    the ``field`` of the messages ``slots`` by marker ``len(messages) + j``, and each tool
+    text by its slot's marker (:mod:`.chat_slots`)."""
     marked = [{**m, "content": stand_in(marker(j), m["content"])} for j, m in enumerate(messages)]
-    for j in slots:
-        marked[j][field] = marker(len(messages) + j)  # type: ignore[index]
-    return marked
+    return with_slots(marked, field, slots, marker)
 
 
 def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str | None:
@@ -284,8 +268,10 @@ def _build(
     probe = _render(template, markers_in(messages, field, slots))
     if probe is None:
         return None
+    n = len(messages)
+    optional = [n + j for j in slots] + list(range(2 * n, 2 * n + len(tool_texts(messages))))
     try:
-        cut_at = cut_slots(probe, len(messages), slots)
+        cut_at = cut_slots(probe, n, optional)
     except Misplaced:
         return None
     return Skeleton(template, messages, cut_at, field)
@@ -319,15 +305,15 @@ def cut(probe: str, ids: Sequence[int]) -> list[str]:
     return pieces
 
 
-def cut_slots(probe: str, n: int, slots: Sequence[int]) -> tuple[list[str], list[int]]:
-    """``probe``, a rendering with the ``n`` contents and the reasoning of messages ``slots``
-    replaced by their markers, cut at the markers it holds: the pieces and the slots in the
-    order written. Every content must be written once, in order; a reasoning once or not at
-    all (raises :class:`Misplaced`)."""
-    if not slots:
+def cut_slots(probe: str, n: int, optional: Sequence[int]) -> tuple[list[str], list[int]]:
+    """``probe``, a rendering with the ``n`` contents and the ``optional`` slots (reasoning,
+    tool texts) replaced by their markers, cut at the markers it holds: the pieces and the
+    slots in the order written. Every content must be written once, in order; an optional
+    slot once or not at all (raises :class:`Misplaced`)."""
+    if not optional:
         return cut(probe, range(n)), list(range(n))
     found: list[tuple[int, int]] = []
-    for slot in (*range(n), *(n + j for j in slots)):
+    for slot in (*range(n), *optional):
         at = probe.find(marker(slot))
         if at >= 0 and probe.find(marker(slot), at + 1) >= 0:
             raise Misplaced(min(slot, n), "marker")
@@ -341,17 +327,26 @@ def cut_slots(probe: str, n: int, slots: Sequence[int]) -> tuple[list[str], list
     return cut(probe, order), order
 
 
-def place(pieces: Sequence[str], contents: Sequence[str], full: str) -> list[tuple[int, int]]:
+def place(
+    pieces: Sequence[str],
+    contents: Sequence[str],
+    full: str,
+    escapable: Sequence[bool] | None = None,
+) -> list[tuple[int, int]]:
     """The range ``[start, end)`` of each of ``contents`` in ``full`` when ``full`` is exactly
     ``pieces`` with the contents put between them, each verbatim or trimmed as templates do
-    (:func:`_written`); raises :class:`Misplaced`."""
+    (:func:`_written`), or for the ``escapable`` ones (tool texts) verbatim or JSON-escaped
+    (written inside ``tojson``); raises :class:`Misplaced`."""
     out: list[tuple[int, int]] = []
     pos = 0
     for k, (piece, content) in enumerate(zip(pieces, contents)):
         if not full.startswith(piece, pos):
             raise Misplaced(k, "around")
         start = pos + len(piece)
-        written = _written(content, full, start, pieces[k + 1])
+        if escapable is not None and escapable[k]:
+            written = _escaped(content, full, start, pieces[k + 1])
+        else:
+            written = _written(content, full, start, pieces[k + 1])
         if written is None:
             raise Misplaced(k, "content")
         pos = start + len(written)
@@ -359,6 +354,21 @@ def place(pieces: Sequence[str], contents: Sequence[str], full: str) -> list[tup
     if full[pos:] != pieces[-1]:
         raise Misplaced(len(contents), "end")
     return out
+
+
+def json_escaped(text: str) -> str:
+    """``text`` as ``tojson`` writes it between its quotes (non-ASCII kept, as the ``tojson``
+    of :mod:`.chat_template` does by default)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _escaped(text: str, full: str, start: int, after: str) -> str | None:
+    """A tool text as the template wrote it at ``start`` of ``full``, followed by ``after``:
+    verbatim or JSON-escaped; None when neither is there."""
+    for written in (text, json_escaped(text)):
+        if full.startswith(written, start) and full.startswith(after, start + len(written)):
+            return written
+    return None
 
 
 def _written(content: str, full: str, start: int, after: str) -> str | None:

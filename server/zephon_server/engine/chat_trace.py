@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import chat_budget
+from .chat_slots import tool_texts, with_slots
 from .chat_template import ChatTemplate, environment_class
 
 #: Stands in for a message's content (private-use characters no data contains).
@@ -149,6 +151,8 @@ class _Trace:
         self.checks: dict[Check, None] = {}  # each question once, in the order first asked
         self.limit = MAX_CHECKS_BASE + MAX_CHECKS_PER_MESSAGE * messages
         self.written: dict[int, str] = {}  # id -> text: kept alive, so ids stay unique
+        self.tools = 2 * messages  # the first tool slot: only tool texts may be escaped
+        self.escaped: set[int] = set()  # slots written inside tojson
 
     def ask(self, i: int, question: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """The answer of content ``i``'s marker to ``question(content, *args)``, recorded (an
@@ -222,7 +226,7 @@ class Joined:
     __slots__ = ("parts",)
     __hash__ = None  # type: ignore[assignment]
 
-    def __init__(self, parts: tuple[str | Opaque, ...]) -> None:
+    def __init__(self, parts: tuple[str | Opaque | Escaped, ...]) -> None:
         self.parts = parts
 
     @staticmethod
@@ -244,7 +248,20 @@ class Joined:
         return "".join(p if isinstance(p, str) else p.text() for p in self.parts)
 
 
-def _parts(value: object) -> tuple[str | Opaque, ...]:
+class Escaped:
+    """A tool text written inside ``tojson``: its marker, JSON-escaped when filled."""
+
+    __slots__ = ("index", "trace")
+
+    def __init__(self, value: Opaque) -> None:
+        self.index = value.index
+        self.trace = value.trace
+
+    def text(self) -> str:
+        return marker(self.index)
+
+
+def _parts(value: object) -> tuple[str | Opaque | Escaped, ...]:
     if isinstance(value, Opaque):
         return (value,)
     if isinstance(value, Joined):
@@ -261,6 +278,8 @@ def _finalize(value: Any) -> Any:
     kind = type(value)
     if kind is Opaque or kind is Joined:
         trace = value.trace if kind is Opaque else _trace_of(value)
+        if kind is Joined:
+            trace.escaped.update(p.index for p in value.parts if type(p) is Escaped)
         return trace.write(value.text())
     if kind is str and MARKER in value:
         raise NotTraceable("a content written out through a block or a macro")
@@ -268,7 +287,7 @@ def _finalize(value: Any) -> Any:
 
 
 def _trace_of(joined: Joined) -> _Trace:
-    return next(p.trace for p in joined.parts if isinstance(p, Opaque))
+    return next(p.trace for p in joined.parts if not isinstance(p, str))
 
 
 def _contents(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -288,6 +307,58 @@ def _traced_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         raise NotTraceable(f"a content passed to the filter {name!r}")
 
     return traced
+
+
+#: A marker in a text (its slot's number between the marker and ``\ue002``).
+MARKED = re.compile(re.escape(MARKER) + "[0-9]+\ue002")
+
+
+def slot_of(marked: str) -> int:
+    """The slot of a marker (a match of :data:`MARKED`)."""
+    return int(marked[len(MARKER) : -1])
+
+
+def _traced_tojson(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``tojson`` of a value holding tool texts (:class:`Opaque`, anywhere inside it): the JSON
+    with each tool text's marker where its escaped text goes (:class:`Escaped`). Contents and
+    reasoning inside it are not followed (their ranges must be verbatim), nor are markers that
+    the options escape (``ensure_ascii``)."""
+
+    @functools.wraps(fn)
+    def traced(value: Any, *args: Any, **kwargs: Any) -> Any:
+        found: dict[str, Opaque] = {}
+        text = fn(_marked(value, found), *args, **kwargs)
+        if not found:
+            return text
+        if any(o.index < o.trace.tools for o in found.values()):
+            raise NotTraceable("a content or reasoning written inside tojson")
+        pieces = MARKED.split(text)
+        markers = MARKED.findall(text)
+        if sorted(markers) != sorted(found):
+            raise NotTraceable("tojson escaped a marker, or wrote one twice")
+        parts: list[str | Escaped] = [pieces[0]]
+        for mark, piece in zip(markers, pieces[1:]):
+            parts += (Escaped(found[mark]), piece)
+        return Joined(tuple(p for p in parts if p != ""))
+
+    return traced
+
+
+def _marked(value: Any, found: dict[str, Opaque]) -> Any:
+    """``value`` with each :class:`Opaque` inside it replaced by its marker (kept in
+    ``found``)."""
+    kind = type(value)
+    if kind is Opaque:
+        text = value.text()
+        found[text] = value
+        return text
+    if kind is Joined:
+        raise NotTraceable("text joined with a content inside tojson")
+    if kind is dict:
+        return {k: _marked(v, found) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_marked(v, found) for v in value]
+    return value
 
 
 def _traced_test(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -358,7 +429,8 @@ class Tracer:
                 text = self._template.source.text
                 self._traceable = MARKER not in text and _no_capture(env, text)
                 if self._traceable:
-                    self._compiled = self._template.compile(env)
+                    self._compiled = self._template.compile(env)  # sets the chat tojson
+                    env.filters["tojson"] = _traced_tojson(env.filters["tojson"])
             return self._compiled
 
     def checks(
@@ -367,24 +439,25 @@ class Tracer:
         probe: str,
         field: str | None = None,
         slots: Sequence[int] = (),
-    ) -> tuple[Check, ...] | None:
-        """The questions the template asks of ``messages``' contents (and of the ``field`` of
-        the messages ``slots``: their reasoning, slot ``len(messages) + j``), when a traced
-        rendering of their shape writes exactly ``probe`` (the rendering with every content
-        and slot replaced by its marker); None when the template does what a trace cannot
-        follow."""
+    ) -> Traced | None:
+        """The questions the template asks of ``messages``' slots (:mod:`.chat_slots`: the
+        contents, the ``field`` of the messages ``slots``, each tool text), and the tool texts
+        it writes inside ``tojson``, when a traced rendering of their shape writes exactly
+        ``probe`` (the rendering with every slot replaced by its marker); None when the
+        template does what a trace cannot follow."""
         compiled = self._compile()
         if compiled is None:
             return None
         template, scope = compiled
         n = len(messages)
         markers = [stand_in(marker(i), m["content"]) for i, m in enumerate(messages)]
-        if slots:
+        tools = len(tool_texts(messages))
+        if slots or tools:
             markers += [marker(n + j) if j in slots else "" for j in range(n)]
+            markers += [marker(slot) for slot in range(2 * n, 2 * n + tools)]
         trace = _Trace(markers, n)
-        traced = [{**m, "content": Opaque(i, trace)} for i, m in enumerate(messages)]
-        for j in slots:
-            traced[j][field] = Opaque(n + j, trace)  # type: ignore[index]
+        opened = [{**m, "content": Opaque(i, trace)} for i, m in enumerate(messages)]
+        traced = with_slots(opened, field, slots, lambda slot: Opaque(slot, trace))
         scope = scope.copy()
         scope["messages"] = traced
         scope[chat_budget.BUDGET_KEY] = chat_budget.RenderBudget(traced)
@@ -401,7 +474,15 @@ class Tracer:
             return None
         if "".join(pieces) != probe:
             return None
-        return tuple(trace.checks)
+        return Traced(tuple(trace.checks), frozenset(trace.escaped))
+
+
+class Traced(NamedTuple):
+    """What a traced rendering learned of a shape: the questions asked of its slots, and the
+    tool texts written inside ``tojson``."""
+
+    checks: tuple[Check, ...]
+    escaped: frozenset[int]
 
 
 def _no_capture(env: Any, text: str) -> bool:

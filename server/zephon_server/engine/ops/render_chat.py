@@ -37,6 +37,7 @@ import numpy as np
 
 from ..chat_layout import TRAIN_ON, ChatError, check_messages, layout_chat
 from ..chat_skeleton import Skeletons
+from ..chat_slots import TOOL_FIELDS
 from ..chat_template import ChatTemplate, TemplateSource, find_template
 from ..errors import ConfigError, DataError
 from ..json_line import loads_line
@@ -392,7 +393,7 @@ def _check_params(values: dict[str, Any]) -> None:
             raise ConfigError(
                 f"render_chat: {name} must be a non-empty string, got {values[name]!r}"
             )
-    if values["reasoning_field"] in ("role", "content"):
+    if values["reasoning_field"] in ("role", "content", *TOOL_FIELDS):
         raise ConfigError(
             f"render_chat: reasoning_field must name the field holding a message's reasoning, "
             f"not its {values['reasoning_field']!r} (the default is reasoning_content)"

@@ -1,0 +1,150 @@
+"""Tool texts are slots of a chat skeleton: tool-calling records share shapes.
+
+Each tool call's name, arguments and id (:mod:`zephon_server.engine.chat_slots`) is a slot,
+written verbatim or JSON-escaped inside ``tojson``; these tests pin that the layouts are those
+of the renderings (texts and trained ranges, on Qwen3's real template and on templates that
+write tool texts raw, escaped with ``ensure_ascii`` or dump whole messages), that records
+differing only in their tool texts share one shape and are written without rendering, and
+that what a trace cannot follow is rendered.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zephon_server.engine.chat_layout import ChatError, check_messages, layout_chat
+from zephon_server.engine.chat_skeleton import Misplaced, Skeletons, place
+from zephon_server.engine.chat_slots import shape_of, tool_texts
+from zephon_server.engine.chat_template import ChatTemplate, TemplateSource, find_template
+
+QWEN3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3" / "tokenizer.json"
+DAY = datetime.date(2025, 1, 1)
+#: Writes each call's name and id raw and its arguments through tojson, and a tool turn's id.
+RAW = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}[{{ c.id }}:{{ c.function.name }}"
+    "{{ c.function.arguments | tojson }}]{% endfor %}"
+    "{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}</{{ m.role }}>\n{% endfor %}"
+)
+#: Escapes non-ASCII in its arguments: a marker escaped, so nothing can be filled.
+ASCII = RAW.replace("tojson", "tojson(ensure_ascii=True)")
+#: Writes contents as JSON strings: not verbatim, so never attributed (nor traced as tool texts).
+DUMP = "{% for m in messages %}<{{ m.role }}>{{ m.content | tojson }}\n{% endfor %}"
+
+
+class Counting(ChatTemplate):
+    renders = 0
+
+    def render(self, messages: Any, **options: Any) -> str:
+        self.renders += 1
+        return super().render(messages, **options)
+
+
+def template(name: str) -> Counting:
+    if name == "qwen3":
+        if not QWEN3.exists():
+            pytest.fail(f"{QWEN3} is missing: run `make tokenizers` (`make test` does)")
+        return Counting(find_template(str(QWEN3), None), date=DAY)
+    text = {"raw": RAW, "ascii": ASCII, "dump": DUMP}[name]
+    return Counting(TemplateSource(text, "test", {"eos_token": "</s>"}), date=DAY)
+
+
+#: Argument values that JSON escapes, or not; plain ones first.
+VALUES = ("weather in Paris", 'say "hi"', "two\nlines", "back\\slash", "Zürich ✓", "tab\there")
+
+
+def call(k: int, name: str, arguments: Any, with_id: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"id": f"call_{k:04d}", **out} if with_id else out
+
+
+def conversation(k: int, arguments: str = "dict") -> list[dict[str, Any]]:
+    """A tool-calling exchange: one or two calls, contents empty, null or worded, arguments a
+    mapping (nested, with numbers) or a JSON string, ids on some."""
+    value = VALUES[k % len(VALUES)]
+    args: Any = {"query": value, "limit": k % 3, "filter": {"lang": "en", "tags": [value, "x"]}}
+    if arguments == "string":
+        args = f'{{"query": "{k}"}}'
+    with_id = k % 2 == 0
+    calls = [call(k, ("search", "lookup")[k % 2], args, with_id)]
+    if k % 4 == 3:
+        calls.append(call(k + 1, "calculate", {"expression": f"{k} * 2"}, with_id))
+    turn: dict[str, Any] = {"role": "assistant", "content": ("", None, "Checking.")[k % 3]}
+    turn["tool_calls"] = calls
+    answer: dict[str, Any] = {"role": "tool", "content": f"result {k}: {value}"}
+    if with_id:
+        answer["tool_call_id"] = f"call_{k:04d}"
+    messages = [{"role": "user", "content": f"question {k}?"}, turn, answer]
+    messages.append({"role": "assistant", "content": f"Answer {k}."})
+    return check_messages(messages, "messages", 100)
+
+
+def outcome(tpl: ChatTemplate, messages: Any, train_on: str, sk: Any) -> Any:
+    try:
+        return layout_chat(tpl, messages, train_on, sk)
+    except ChatError as exc:
+        return f"ChatError: {exc}"
+
+
+@pytest.mark.parametrize("name", ["qwen3", "raw", "ascii", "dump"])
+@pytest.mark.parametrize("train_on", ["assistant", "last_assistant", "all"])
+def test_tool_slots_give_the_layouts_of_the_renderings(name, train_on):
+    tpl = template(name)
+    convs = [conversation(k) for k in range(36)] + [conversation(k, "string") for k in range(12)]
+    plain = [outcome(tpl, m, train_on, None) for m in convs]
+    errors = [x for x in plain if isinstance(x, str)]  # dump: trained contents JSON escapes
+    assert bool(errors) == (name == "dump" and train_on == "all"), errors
+    assert all("not written verbatim" in e for e in errors)
+    skeletons = Skeletons(tpl)
+    for m in convs:  # shapes met, traced at their second meeting
+        outcome(tpl, m, train_on, skeletons)
+    tpl.renders = 0
+    assert [outcome(tpl, m, train_on, skeletons) for m in convs] == plain
+    if name in ("qwen3", "raw"):
+        # Every record is written without rendering, escaped arguments included.
+        assert tpl.renders == 0
+        assert any('say \\"hi\\"' in x.text for x in plain)
+        assert any("two\\nlines" in x.text for x in plain)
+    else:  # an escaped marker (ensure_ascii), a content inside tojson: each one rendered
+        assert tpl.renders >= len(convs)
+        assert name == "dump" or any("\\u00fc" in x.text for x in plain)
+
+
+def test_records_differing_in_tool_texts_share_a_shape():
+    convs = [conversation(k) for k in range(0, 48, 12)]  # the same calls, other texts
+    assert len({shape_of(m) for m in convs}) == 1
+    assert tool_texts(convs[0])[:4] == ["call_0000", "search", "weather in Paris", "en"]
+    other = conversation(0)
+    other[1]["tool_calls"][0]["type"] = "retrieval"  # a type stays in the shape
+    reordered = conversation(0)
+    function = reordered[1]["tool_calls"][0]["function"]
+    reordered[1]["tool_calls"][0]["function"] = dict(reversed(list(function.items())))
+    numbers = conversation(0)
+    numbers[1]["tool_calls"][0]["function"]["arguments"]["limit"] = 7  # a number too
+    shapes = {shape_of(m) for m in (convs[0], other, reordered, numbers)}
+    assert len(shapes) == 4
+
+
+def test_a_trace_learns_which_tool_texts_are_escaped():
+    tpl = template("qwen3")
+    messages = conversation(1)
+    skeletons = Skeletons(tpl)
+    skeletons.get(messages)
+    skeleton = skeletons.get(messages)  # met twice: traced
+    assert skeleton is not None and skeleton.checks is not None
+    n = len(messages)
+    texts = tool_texts(messages)  # name, then the argument strings
+    assert texts[0] == "lookup"
+    assert skeleton.escaped == frozenset(range(2 * n + 1, 2 * n + len(texts)))
+
+
+def test_place_takes_a_tool_text_verbatim_or_escaped_only_where_allowed():
+    pieces = ['{"q": "', '"}']
+    full = '{"q": "a\\"b"}'
+    assert place(pieces, ['a"b'], full, [True]) == [(7, 11)]
+    with pytest.raises(Misplaced):
+        place(pieces, ['a"b'], full)  # a content is never taken escaped
