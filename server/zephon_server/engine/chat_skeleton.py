@@ -81,32 +81,43 @@ class Skeleton:
         #: The slots the template writes JSON-escaped (inside ``tojson``), learned by the trace.
         self.escaped: frozenset[int] = frozenset()
         self.traced = False
-        self._closes: dict[int, str | None] = {}
+        self._closes: dict[int, tuple[list[str], list[int]] | None] = {}
         self._openings: dict[int, int | None] = {}
 
-    def close(self, i: int) -> str | None:
+    def close(self, i: int) -> tuple[list[str], list[int]] | None:
         """What the template writes after message ``i``'s content when the conversation ends
-        with message ``i`` (learned once per shape); None when it cannot tell."""
+        with message ``i``, cut at the markers of the tool texts it holds (the pieces and
+        their slots; learned once per shape); None when it cannot tell."""
         if i not in self._closes:
             probe = _render(self._template, self._shape[: i + 1])
             at = -1 if probe is None else probe.find(marker(i))
-            self._closes[i] = None if probe is None or at < 0 else probe[at + len(marker(i)) :]
+            if probe is None or at < 0:
+                self._closes[i] = None
+            else:
+                tail = probe[at + len(marker(i)) :]
+                slots = list(map(slot_of, MARKED.findall(tail)))
+                tools = 2 * len(self._contents)  # a later content or reasoning: cannot tell
+                self._closes[i] = (
+                    (MARKED.split(tail), slots) if min(slots, default=tools) >= tools else None
+                )
         return self._closes[i]
 
     def closing(self, i: int, placed: Sequence[Any], full: str) -> str | None:
         """:meth:`close` for one conversation of the shape: its tool texts (which a turn's
         close writes after its content) as ``full`` has them at their ``placed`` ranges."""
-        tail = self.close(i)
-        if tail is None or MARKER not in tail:
-            return tail
-        texts = []
-        for slot in map(slot_of, MARKED.findall(tail)):
-            if slot < 2 * len(self._contents) or placed[slot] is None:
-                return None  # a content or reasoning after the turn's own: cannot tell
-            start, end = placed[slot]
-            texts.append(full[start:end])
-        pieces = MARKED.split(tail)
-        return pieces[0] + "".join(t + p for t, p in zip(texts, pieces[1:]))
+        cut_at = self.close(i)
+        if cut_at is None:
+            return None
+        pieces, slots = cut_at
+        if not slots:
+            return pieces[0]
+        parts = [pieces[0]]
+        for slot, piece in zip(slots, pieces[1:]):
+            where = placed[slot]
+            if where is None:
+                return None  # a tool text the rendering does not write
+            parts += (full[where[0] : where[1]], piece)
+        return "".join(parts)
 
     def opening(self, i: int) -> int | None:
         """How many characters before message ``i``'s reasoning the generation prompt ends

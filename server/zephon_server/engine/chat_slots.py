@@ -135,15 +135,19 @@ def _replaced(value: Any, stand_in: Callable[[], Any], depth: int) -> Any:
     return value
 
 
+#: Keys in the order given, not sorted: a template writes a mapping in its order (``tojson``,
+#: ``items()``), so two orders are two shapes. One encoder for every call (``json.dumps`` with
+#: an option builds one per call).
+_ENCODER = json.JSONEncoder(default=repr)
+
+
 def _fields(message: dict[str, Any], field: str | None) -> str:
     rest = {
         k: _SLOT if k == field and is_slot(v) else _replaced(v, _slot, 0) if k in TOOL_FIELDS else v
         for k, v in message.items()
         if k != "content"
     }
-    # Keys in the order given, not sorted: a template writes a mapping in its order (``tojson``,
-    # ``items()``), so two orders are two shapes.
-    return json.dumps(rest, default=repr)
+    return _ENCODER.encode(rest)
 
 
 def _slot() -> str:
