@@ -92,7 +92,8 @@ def test_declared_payload_access_gets_resolved_arrays_and_matches_inline(corpus_
     assert shm.live_blocks() == 0
     left = [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
     # Strict: a block of this process's owner left by an earlier test fails here too, and the
-    # message tells the two apart (seen once in CI, 2026-12-03, cause not found).
+    # message tells the two apart (seen once in CI, 2026-12-03; a likely cause, a second close
+    # of a runner returning before the first had stopped its pool, is fixed: decisions.md).
     assert left == [], f"left in /dev/shm: {left}; there before this test: {sorted(before)}"
 
 

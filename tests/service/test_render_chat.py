@@ -85,10 +85,13 @@ def test_resume_of_a_chat_pipeline_at_every_step_equals_uninterrupted(tmp_path, 
 def test_tool_calling_chats_are_identical_on_every_runner(tmp_path):
     # Qwen3's real template, conversations whose tool-calling turns have an empty, a null or a
     # worded content, mixed: the shapes (empty contents included) are learned per worker in
-    # whatever order records arrive, and no order may change a mask.
+    # whatever order records arrive, and no order may change a mask. The calls' names and
+    # arguments are tool texts (slots, some JSON-escaped), so records share shapes and most
+    # are written without rendering, on whichever worker traced their shape.
     convs = []
     for i in range(120):
-        call = {"type": "function", "function": {"name": "lookup", "arguments": {"id": i}}}
+        arguments = {"id": i % 2, "query": f'item "{i}"\n'}
+        call = {"type": "function", "function": {"name": f"lookup{i}", "arguments": arguments}}
         convs.append(
             {
                 "messages": [

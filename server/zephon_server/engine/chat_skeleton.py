@@ -25,7 +25,6 @@ met a shape first never changes a result, on any runner or worker.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -40,7 +39,7 @@ from .chat_slots import (
     tool_texts,
     with_slots,
 )
-from .chat_template import ChatTemplate, ChatTemplateError
+from .chat_template import ChatTemplate, ChatTemplateError, json_string
 from .chat_trace import MARKED, MARKER, Check, Tracer, holds, marker, slot_of, stand_in
 
 _ABSENT: Any = object()
@@ -182,7 +181,7 @@ class Skeleton:
         pos = 0
         escaped = self.escaped
         for piece, slot in zip(self.pieces, self.order or self._contents):
-            value = values[slot] if slot not in escaped else json_escaped(values[slot])
+            value = values[slot] if slot not in escaped else json_string(values[slot])
             pos += len(piece)
             parts += (piece, value)
             ranges[slot] = (pos, pos + len(value))
@@ -367,16 +366,10 @@ def place(
     return out
 
 
-def json_escaped(text: str) -> str:
-    """``text`` as ``tojson`` writes it between its quotes (non-ASCII kept, as the ``tojson``
-    of :mod:`.chat_template` does by default)."""
-    return json.dumps(text, ensure_ascii=False)[1:-1]
-
-
 def _escaped(text: str, full: str, start: int, after: str) -> str | None:
     """A tool text as the template wrote it at ``start`` of ``full``, followed by ``after``:
     verbatim or JSON-escaped; None when neither is there."""
-    for written in (text, json_escaped(text)):
+    for written in (text, json_string(text)):
         if full.startswith(written, start) and full.startswith(after, start + len(written)):
             return written
     return None

@@ -183,6 +183,12 @@ def _tojson(
     )
 
 
+def json_string(text: str) -> str:
+    """``text`` as the chat ``tojson`` filter writes it inside a value, between its quotes
+    (what a skeleton fills in for a tool text its template writes with ``tojson``)."""
+    return _tojson(text)[1:-1]
+
+
 def _generation_extension() -> type:
     """A Jinja extension for ``{% generation %}...{% endgeneration %}``: renders its body
     (Hugging Face uses the block to find assistant tokens; Zephon finds them by rendering)."""

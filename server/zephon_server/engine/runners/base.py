@@ -127,6 +127,11 @@ def cascade_release(drivers: list[StepDriver], *, end: bool) -> list[Any]:
     return items
 
 
+#: Longest a second caller of :meth:`PooledRunner.close` waits for the first to finish (the
+#: pool's in-flight tasks run to their end first).
+CLOSE_WAIT = 60.0
+
+
 class PooledRunner(StageRunner):
     """Driver + worker pool + reorder buffer per step; see the module docstring."""
 
@@ -136,6 +141,7 @@ class PooledRunner(StageRunner):
     def __init__(self, drivers: list[StepDriver], **kwargs: Any) -> None:
         super().__init__(drivers, **kwargs)
         self._stop = threading.Event()
+        self._closed = threading.Event()  # set once close() has stopped the pool
         self._threads: list[threading.Thread] = []
         self._buffers: list[ReorderBuffer] = []
         self._queues: list[queue.Queue[Any]] = []
@@ -214,23 +220,32 @@ class PooledRunner(StageRunner):
             self.close()
 
     def close(self) -> None:
+        """Stop the threads and the pool. Returns once they are stopped, also when another
+        thread is closing the runner (the run releases the shared-memory blocks of the results
+        next: a pool still relaying results would register blocks after that), except in a
+        thread of this runner, which the closing thread may be joining."""
+        me = threading.current_thread()
         if self._stop.is_set():
+            if me not in self._threads:
+                self._closed.wait(CLOSE_WAIT)
             return
         self._stop.set()
-        for rb in self._buffers:
-            rb.close()
-        for q in self._queues:  # unblock producers
-            try:
-                while True:
-                    q.get_nowait()
-            except queue.Empty:
-                pass
-        me = threading.current_thread()
-        deadline = time.monotonic() + 5
-        for t in self._threads:
-            if t is not me:
-                t.join(timeout=max(0.0, deadline - time.monotonic()))
-        self.stop_pool()
+        try:
+            for rb in self._buffers:
+                rb.close()
+            for q in self._queues:  # unblock producers
+                try:
+                    while True:
+                        q.get_nowait()
+                except queue.Empty:
+                    pass
+            deadline = time.monotonic() + 5
+            for t in self._threads:
+                if t is not me:
+                    t.join(timeout=max(0.0, deadline - time.monotonic()))
+            self.stop_pool()
+        finally:
+            self._closed.set()
 
     def _spawn(self, target: Callable[..., None], *args: Any, name: str) -> None:
         t = threading.Thread(target=target, args=args, name=f"zephon-{name}", daemon=True)
