@@ -258,3 +258,25 @@ def test_the_order_of_a_mappings_keys_is_part_of_the_shape():
     got = layout_chat(tpl, swapped, "assistant", skeletons)
     assert got == layout_chat(tpl, swapped, "assistant", None)
     assert '{"b": 2, "a": 1}' in got.text
+
+
+def test_skeletons_without_the_reasoning_field_leave_reasoning_turns_to_the_renderings():
+    # Skeletons keyed without a reasoning field (the reasoning is part of the shape, not a
+    # slot) cannot say where a trained reasoning starts: those conversations take the
+    # renderings; conversations without a reasoning still use the skeleton.
+    tpl = qwen3_template()
+    field = "reasoning_content"
+    question = {"role": "user", "content": "2+2?"}
+    reasoned = [question, {"role": "assistant", "content": "4", field: "Add."}]
+    plain = [question, {"role": "assistant", "content": "4"}]
+    skeletons = Skeletons(tpl)  # no field
+    for messages in (reasoned, plain, reasoned, plain):
+        assert layout_chat(tpl, messages, "assistant", skeletons, field) == layout_chat(
+            tpl, messages, "assistant", None, field
+        )
+    tpl.renders = 0
+    got = layout_chat(tpl, reasoned, "assistant", skeletons, field)
+    assert tpl.renders > 0 and got.text[got.trained[0][0] :].startswith("<think>\nAdd.")
+    tpl.renders = 0
+    layout_chat(tpl, plain, "assistant", skeletons, field)
+    assert tpl.renders == 0
