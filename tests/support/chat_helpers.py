@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from zephon_server.engine.chat_template import ChatTemplate
+
 CHATML = (
     "{% for message in messages %}"
     "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
@@ -141,3 +143,13 @@ def rows_and_tombstones(run: Any, check: Any = None) -> tuple[set[int], Counter]
     for log in run.logs.values():
         tombstones.update((m.doc.row, m.tombstone) for m in log.tail_tombstones)
     return rows, tombstones
+
+
+class Counting(ChatTemplate):
+    """A chat template that counts its renderings."""
+
+    renders = 0
+
+    def render(self, messages: Any, **options: Any) -> str:
+        self.renders += 1
+        return super().render(messages, **options)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.chat_helpers import CHATML, HEADERS, INST
+from tests.support.chat_helpers import CHATML, HEADERS, INST, Counting
 from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.chat_layout import ChatError, layout_chat
 from zephon_server.engine.chat_skeleton import Misplaced, Skeletons, place
@@ -30,16 +30,6 @@ BRANCHING = (
     "{% for m in messages %}{% if m.content.startswith('!') %}[loud]{% endif %}"
     "<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
 )
-
-
-class Counting(ChatTemplate):
-    """A template that counts its renderings."""
-
-    renders = 0
-
-    def render(self, messages: Any, **options: Any) -> str:
-        self.renders += 1
-        return super().render(messages, **options)
 
 
 def template(text: str) -> Counting:

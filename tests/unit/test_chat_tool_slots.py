@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.chat_helpers import Counting
 from zephon_server.engine.chat_layout import ChatError, check_messages, layout_chat
 from zephon_server.engine.chat_skeleton import Misplaced, Skeletons, place
 from zephon_server.engine.chat_slots import shape_of, tool_texts
@@ -34,14 +35,6 @@ RAW = (
 ASCII = RAW.replace("tojson", "tojson(ensure_ascii=True)")
 #: Writes contents as JSON strings: not verbatim, so never attributed (nor traced as tool texts).
 DUMP = "{% for m in messages %}<{{ m.role }}>{{ m.content | tojson }}\n{% endfor %}"
-
-
-class Counting(ChatTemplate):
-    renders = 0
-
-    def render(self, messages: Any, **options: Any) -> str:
-        self.renders += 1
-        return super().render(messages, **options)
 
 
 def template(name: str) -> Counting:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.chat_helpers import CHATML
+from tests.support.chat_helpers import CHATML, Counting
 from zephon_server.engine.chat_layout import ChatError, layout_chat
 from zephon_server.engine.chat_skeleton import Skeletons
 from zephon_server.engine.chat_template import ChatTemplate, TemplateSource, find_template
@@ -123,14 +123,6 @@ def outcome(tpl: ChatTemplate, messages: list[dict[str, Any]], sk: Skeletons | N
         return layout_chat(tpl, messages, "all", sk)
     except ChatError as exc:
         return f"ChatError: {exc}"
-
-
-class Counting(ChatTemplate):
-    renders = 0
-
-    def render(self, messages: Any, **options: Any) -> str:
-        self.renders += 1
-        return super().render(messages, **options)
 
 
 @pytest.mark.parametrize("name", sorted(ASKING))
