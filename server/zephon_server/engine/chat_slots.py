@@ -23,6 +23,7 @@ against every real rendering (:func:`.chat_skeleton.place`).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -110,7 +111,7 @@ def with_slots(
     out = [dict(m) if len(m) > 2 else m for m in messages]
     for j in reasoning:
         out[j][field] = stand_in(n + j)  # type: ignore[index]
-    slots = iter(range(2 * n, 1 << 62))
+    slots = itertools.count(2 * n)
     for m in out:
         if len(m) > 2:
             for key in TOOL_FIELDS:
@@ -142,11 +143,14 @@ _ENCODER = json.JSONEncoder(default=repr)
 
 
 def _fields(message: dict[str, Any], field: str | None) -> str:
-    rest = {
-        k: _SLOT if k == field and is_slot(v) else _replaced(v, _slot, 0) if k in TOOL_FIELDS else v
-        for k, v in message.items()
-        if k != "content"
-    }
+    rest = {}
+    for key, value in message.items():
+        if key in TOOL_FIELDS:
+            rest[key] = _replaced(value, _slot, 0)
+        elif key == field and is_slot(value):
+            rest[key] = _SLOT
+        elif key != "content":
+            rest[key] = value
     return _ENCODER.encode(rest)
 
 
