@@ -188,6 +188,10 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "train_reasoning": "Train a trained turn's reasoning where the template writes it: "
         "from the end of the generation prompt (the `<think>` tag included) to the end of "
         "turn. `false`: only the content and end of turn.",
+        "tools_field": "Field of a record holding its tool definitions (a list of objects, or "
+        "null), passed to the template as `tools`, as Hugging Face's "
+        "`apply_chat_template(tools=...)` does (Qwen3 writes them in the system turn; never "
+        "trained).",
     },
     "map_transform": {
         "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "

@@ -106,6 +106,19 @@ def chat_tokenizer(directory: Path, fmt: str = "chatml", **config: Any) -> str:
     return str(directory / "tokenizer.json")
 
 
+def render_rows(op: Any, rows: list[Any]) -> list[Any]:
+    """``op.process_many`` over ``rows`` (objects, or JSONL lines as bytes) read as records
+    of one shard."""
+    from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
+
+    recs = []
+    for i, row in enumerate(rows):
+        doc = DocRef(0, 0, i)
+        raw = row if isinstance(row, bytes) else json.dumps(row).encode()
+        recs.append(SampleRecord({"raw": raw}, SampleMeta(0, (0, i), 0, doc, (doc,))))
+    return list(op.process_many(recs))
+
+
 def decode(op: Any, ids: Any) -> str:
     """Text of ``ids`` with special tokens kept (byte tokenizer: its bytes)."""
     tok = op.tokenizer

@@ -12,7 +12,6 @@ of a few conversations.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,11 @@ import numpy as np
 import pytest
 
 from tests.support.chat_helpers import decode, trained_runs
+from tests.support.chat_helpers import render_rows as render
 from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.errors import DataError
 from zephon_server.engine.ops.render_chat import RenderChat
-from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
+from zephon_server.engine.records import SampleRecord
 from zephon_server.engine.token_offsets import offsets_from_lengths
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,16 +43,6 @@ def qwen3() -> str:
             "(`make test` does) to fetch Qwen3's tokenizer and chat template"
         )
     return str(path)
-
-
-def render(op: RenderChat, rows: list[dict[str, Any]]) -> list[SampleRecord]:
-    recs = []
-    for i, row in enumerate(rows):
-        doc = DocRef(0, 0, i)
-        recs.append(
-            SampleRecord({"raw": json.dumps(row).encode()}, SampleMeta(0, (0, i), 0, doc, (doc,)))
-        )
-    return op.process_many(recs)
 
 
 def exchange(question: str, answer: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ docs/decisions.md ("Chat-template render budget") for the figures and the remain
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
@@ -76,26 +77,30 @@ class RenderBudget:
     """What one render may still spend. Mutable on purpose: it is a per-render counter,
     created for each render (by :meth:`ChatTemplate.render`) and dropped when it ends."""
 
-    __slots__ = ("_messages", "_output_limit", "depth", "steps")
+    __slots__ = ("_messages", "_output_limit", "_tools", "depth", "steps")
 
-    def __init__(self, messages: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None
+    ) -> None:
         self._messages = messages
-        self.steps = STEPS_BASE + STEPS_PER_MESSAGE * len(messages)
+        self._tools = tools or ()  # the record's tool definitions: each a message's share
+        self.steps = self.step_limit
         self.depth = 0
         self._output_limit = 0
 
     @property
     def step_limit(self) -> int:
         """Steps (loop iterations and macro calls) the render may take."""
-        return STEPS_BASE + STEPS_PER_MESSAGE * len(self._messages)
+        return STEPS_BASE + STEPS_PER_MESSAGE * (len(self._messages) + len(self._tools))
 
     def output_limit(self) -> int:
         """Characters the render may write: :data:`OUTPUT_BASE` + :data:`OUTPUT_PER_CHAR` per
         character of the messages' top-level string fields (``content``,
-        ``reasoning_content``, ``role``, ...). Computed on first use: a render that stays
-        under :data:`OUTPUT_BASE` never needs it, and the hot path skips the count."""
+        ``reasoning_content``, ``role``, ...) and of the tool definitions as JSON. Computed
+        on first use: a render that stays under :data:`OUTPUT_BASE` never needs it, and the
+        hot path skips the count."""
         if not self._output_limit:
-            chars = 0
+            chars = len(json.dumps(self._tools, default=repr)) if self._tools else 0
             for message in self._messages:
                 if isinstance(message, Mapping):
                     chars += sum(len(v) for v in message.values() if type(v) is str)

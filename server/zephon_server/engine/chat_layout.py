@@ -100,6 +100,20 @@ def _check_message(field: str, i: int, message: Any) -> None:
     )
 
 
+def check_tools(value: Any, field: str) -> list[Any] | None:
+    """A record's tool definitions (``field``: a list of objects, or null or missing), or a
+    :class:`ChatError`."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        got = type(value).__name__ if not isinstance(value, list) else "a list with non-objects"
+        raise ChatError(
+            f"field {field!r} must be a list of tool definitions (objects, as the OpenAI and "
+            f"Hugging Face formats write them), got {got}"
+        )
+    return value
+
+
 def _calls_tools(message: Mapping[str, Any]) -> bool:
     """Whether ``message`` carries a non-empty ``tool_calls`` list."""
     calls = message.get("tool_calls")
@@ -200,6 +214,7 @@ def layout_chat(
     train_on: str,
     skeletons: Skeletons | None = None,
     reasoning: str | None = None,
+    tools: list[Any] | None = None,
 ) -> ChatLayout:
     """Render ``messages`` and find the trained character ranges (module docstring).
 
@@ -207,12 +222,15 @@ def layout_chat(
     skeleton with the contents put back takes one rendering instead of two or more, and none
     when its contents answer the template's questions as the shape's markers did. With
     ``reasoning`` (a field name, such as ``reasoning_content``), a trained message's reasoning
-    that the template writes is trained too (:func:`_reasoning_starts`)."""
+    that the template writes is trained too (:func:`_reasoning_starts`). ``tools``: the
+    record's tool definitions, which every rendering sees (templates such as Qwen3's write them
+    in the system turn; untrained, as everything a template writes but the trained turns)."""
+    template = template.with_tools(tools)
     if reasoning is not None:
         for i, message in enumerate(messages):
             if len(message) > 2:  # a clear error before any template sees a bad reasoning
                 _reasoning_of(message, i, reasoning)
-    skeleton = skeletons.get(messages) if skeletons is not None else None
+    skeleton = skeletons.get(messages, template) if skeletons is not None else None
     filled = skeleton.fill(messages) if skeleton is not None else None
     placed: list[tuple[int, int]] | None
     if filled is not None:

@@ -32,11 +32,11 @@ from typing import Any
 
 from . import chat_budget
 from .chat_slots import (
-    Part,
     reasoning_slots,
     shape_chars,
     shape_of,
     tool_texts,
+    tools_key,
     with_slots,
 )
 from .chat_template import ChatTemplate, ChatTemplateError, json_string
@@ -48,6 +48,9 @@ MAX_SHAPES = 4096
 #: Largest shape kept, in characters of its roles and non-content fields: a shape carrying long
 #: fields or hundreds of turns is rarely met twice.
 MAX_SHAPE_CHARS = 4096
+#: Characters the cache holds in all (each shape's roles and fields, its skeleton's text and
+#: its tool definitions as JSON): records defining many tools make large skeletons.
+MAX_CACHE_CHARS = 1 << 25
 
 
 class Skeleton:
@@ -149,7 +152,9 @@ class Skeleton:
             return
         order = self.order or self._contents
         probe = "".join(p + marker(slot) for p, slot in zip(self.pieces, order))
-        traced = tracer.checks(messages, probe + self.pieces[-1], self.field, self.slots)
+        traced = tracer.checks(
+            messages, probe + self.pieces[-1], self.field, self.slots, self._template.tools
+        )
         if traced is not None:
             self.checks, self.escaped = traced.checks, traced.escaped
         self.traced = True
@@ -189,7 +194,7 @@ class Skeleton:
         parts.append(self.pieces[-1])
         full = "".join(parts)
         if len(full) > chat_budget.OUTPUT_BASE and (
-            len(full) > chat_budget.RenderBudget(messages).output_limit()
+            len(full) > self._template.budget(messages).output_limit()
         ):
             return None  # over the output budget: the rendering fails, with its error
         return full, ranges
@@ -214,8 +219,9 @@ class Skeleton:
 
 class Skeletons:
     """Skeletons of the shapes a template met: at most :data:`MAX_SHAPES` of them, none
-    larger than :data:`MAX_SHAPE_CHARS`. With ``field``, each message's non-empty reasoning
-    in that field is a slot, as contents are (:func:`reasoning_slots`)."""
+    larger than :data:`MAX_SHAPE_CHARS`, :data:`MAX_CACHE_CHARS` in all. With ``field``, each
+    message's non-empty reasoning in that field is a slot, as contents are
+    (:func:`reasoning_slots`)."""
 
     def __init__(
         self, template: ChatTemplate, max_shapes: int = MAX_SHAPES, field: str | None = None
@@ -224,13 +230,26 @@ class Skeletons:
         self._tracer = Tracer(template)
         self._max = max_shapes
         self._field = field
-        self._cache: OrderedDict[tuple[Part, ...], Skeleton | None] = OrderedDict()
+        # Keyed by shape, or by shape and a digest of the tool definitions.
+        self._cache: OrderedDict[Any, Skeleton | None] = OrderedDict()
+        self._weights: dict[Any, int] = {}  # key -> characters it holds
+        self._held = 0
         self._lock = threading.Lock()  # the threads runner's workers share one operator
 
-    def get(self, messages: Sequence[dict[str, Any]]) -> Skeleton | None:
-        """The skeleton of ``messages``' shape; None when the template does not write every
-        content exactly once with markers in place (then nothing is cached but that)."""
-        key = shape_of(messages, self._field)
+    def get(
+        self, messages: Sequence[dict[str, Any]], template: ChatTemplate | None = None
+    ) -> Skeleton | None:
+        """The skeleton of ``messages``' shape, rendered by ``template`` (this cache's template
+        bound to a record's tool definitions, :meth:`.ChatTemplate.with_tools`; by default the
+        cache's own); None when the template does not write every content exactly once with
+        markers in place (then nothing is cached but that)."""
+        bound = self._template if template is None else template
+        shape = shape_of(messages, self._field)
+        key: Any = shape
+        weight = shape_chars(shape)
+        if bound.tools is not None:
+            key = (shape, *tools_key(bound.tools))
+            weight += key[2]
         # A hit takes no lock: each OrderedDict call is atomic under the GIL, and a shape
         # evicted by another thread in between only misses its refresh.
         found = self._cache.get(key, _ABSENT)
@@ -244,13 +263,18 @@ class Skeletons:
             return found
         # The same for every caller. Not traced yet: a tracing costs a few renderings, and most
         # shapes of records with their own tool calls or fields are met once.
-        skeleton = _build(self._template, messages, self._field)
-        if shape_chars(key) > MAX_SHAPE_CHARS:
+        skeleton = _build(bound, messages, self._field)
+        if shape_chars(shape) > MAX_SHAPE_CHARS:
             return skeleton  # too big to keep (see MAX_SHAPE_CHARS)
+        if skeleton is not None:
+            weight += sum(map(len, skeleton.pieces))
         with self._lock:
+            self._held += weight - self._weights.get(key, 0)
             self._cache[key] = skeleton
-            if len(self._cache) > self._max:
-                self._cache.popitem(last=False)
+            self._weights[key] = weight
+            while len(self._cache) > self._max or self._held > MAX_CACHE_CHARS:
+                old, _ = self._cache.popitem(last=False)
+                self._held -= self._weights.pop(old)
         return skeleton
 
 

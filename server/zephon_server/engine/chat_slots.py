@@ -23,6 +23,7 @@ against every real rendering (:func:`.chat_skeleton.place`).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from collections.abc import Callable, Sequence
@@ -152,6 +153,15 @@ def _fields(message: dict[str, Any], field: str | None) -> str:
         elif key != "content":
             rest[key] = value
     return _ENCODER.encode(rest)
+
+
+def tools_key(tools: Any) -> tuple[str, int]:
+    """What a record's tool definitions (``tools``, written by templates such as Qwen3's in the
+    system turn) add to its shape: a digest of their JSON, keys in order (a shape key of a
+    bounded size, however many tools a record defines), and the JSON's length."""
+    text = _ENCODER.encode(tools)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
+    return digest.hexdigest(), len(text)
 
 
 def _slot() -> str:

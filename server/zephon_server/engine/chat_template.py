@@ -18,6 +18,7 @@ output of a pipeline must not depend on when it runs.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import hashlib
@@ -326,7 +327,24 @@ class ChatTemplate:
     def __init__(self, source: TemplateSource, *, date: datetime.date) -> None:
         self.source = source
         self.date = date
+        #: The tool definitions every render of this template sees (:meth:`with_tools`).
+        self.tools: list[Any] | None = None
         self._template, self._scope = self.compile(environment_class()())
+
+    def with_tools(self, tools: list[Any] | None) -> ChatTemplate:
+        """This template rendering with the tool definitions ``tools`` (a record's ``tools``
+        list, as Hugging Face's ``apply_chat_template(tools=...)`` passes them; Qwen3 writes
+        them in the system turn); the same compiled template."""
+        if tools is self.tools:
+            return self
+        bound = copy.copy(self)
+        bound.tools = tools
+        bound._scope = {**self._scope, "tools": tools}
+        return bound
+
+    def budget(self, messages: Sequence[Mapping[str, Any]]) -> chat_budget.RenderBudget:
+        """A render budget for ``messages`` (and this template's tools)."""
+        return chat_budget.RenderBudget(messages, self.tools)
 
     def compile(self, env: Any) -> tuple[Any, dict[str, Any]]:
         """This template compiled in ``env`` (of :func:`environment_class` or a subclass, such as
@@ -371,7 +389,7 @@ class ChatTemplate:
         scope["messages"] = list(messages)
         if generation_prompt:
             scope["add_generation_prompt"] = True
-        budget = scope[chat_budget.BUDGET_KEY] = chat_budget.RenderBudget(messages)
+        budget = scope[chat_budget.BUDGET_KEY] = self.budget(messages)
         template = self._template
         try:
             text = budget.collect(

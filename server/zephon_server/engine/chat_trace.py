@@ -439,28 +439,31 @@ class Tracer:
         probe: str,
         field: str | None = None,
         slots: Sequence[int] = (),
+        tools: list[Any] | None = None,
     ) -> Traced | None:
         """The questions the template asks of ``messages``' slots (:mod:`.chat_slots`: the
         contents, the ``field`` of the messages ``slots``, each tool text), and the tool texts
         it writes inside ``tojson``, when a traced rendering of their shape writes exactly
         ``probe`` (the rendering with every slot replaced by its marker); None when the
-        template does what a trace cannot follow."""
+        template does what a trace cannot follow. ``tools``: the tool definitions the
+        rendering sees (:meth:`.ChatTemplate.with_tools`)."""
         compiled = self._compile()
         if compiled is None:
             return None
         template, scope = compiled
         n = len(messages)
         markers = [stand_in(marker(i), m["content"]) for i, m in enumerate(messages)]
-        tools = len(tool_texts(messages))
-        if slots or tools:
+        texts = len(tool_texts(messages))
+        if slots or texts:
             markers += [marker(n + j) if j in slots else "" for j in range(n)]
-            markers += [marker(slot) for slot in range(2 * n, 2 * n + tools)]
+            markers += [marker(slot) for slot in range(2 * n, 2 * n + texts)]
         trace = _Trace(markers, n)
         opened = [{**m, "content": Opaque(i, trace)} for i, m in enumerate(messages)]
         traced = with_slots(opened, field, slots, lambda slot: Opaque(slot, trace))
         scope = scope.copy()
         scope["messages"] = traced
-        scope[chat_budget.BUDGET_KEY] = chat_budget.RenderBudget(traced)
+        scope["tools"] = tools
+        scope[chat_budget.BUDGET_KEY] = chat_budget.RenderBudget(traced, tools)
         pieces, size = [], 0
         try:
             for piece in template.root_render_func(template.new_context(scope, shared=True)):

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..chat_layout import TRAIN_ON, ChatError, check_messages, layout_chat
+from ..chat_layout import TRAIN_ON, ChatError, check_messages, check_tools, layout_chat
 from ..chat_skeleton import Skeletons
 from ..chat_slots import TOOL_FIELDS
 from ..chat_template import ChatTemplate, TemplateSource, find_template
@@ -134,6 +134,7 @@ class RenderChat(Operator):
         date: str = "2025-01-01",
         reasoning_field: str = "reasoning_content",
         train_reasoning: bool = True,
+        tools_field: str = "tools",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -151,6 +152,7 @@ class RenderChat(Operator):
         self.date = date
         self.reasoning_field = reasoning_field
         self.train_reasoning = train_reasoning
+        self.tools_field = tools_field
         self._warned_unwritten = False
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
@@ -217,6 +219,7 @@ class RenderChat(Operator):
             "date": self.date,
             "reasoning_field": self.reasoning_field,
             "train_reasoning": self.train_reasoning,
+            "tools_field": self.tools_field,
         }
 
     def describe(self) -> str:
@@ -242,11 +245,16 @@ class RenderChat(Operator):
         value = obj[self.messages_field] if isinstance(obj, dict) else obj
         try:
             messages = check_messages(value, self.messages_field, self.max_messages)
+            tools = (
+                check_tools(obj.get(self.tools_field), self.tools_field)
+                if isinstance(obj, dict)
+                else None
+            )
             if self.system_prompt is not None and messages[0]["role"] != "system":
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
             reasoning = self.reasoning_field if self.train_reasoning else None
             layout = layout_chat(
-                self.chat_template, messages, self.train_on, self.skeletons, reasoning
+                self.chat_template, messages, self.train_on, self.skeletons, reasoning, tools
             )
         except ChatError as exc:
             raise RecordProblem(CHAT_ERROR, str(exc)) from exc
@@ -388,6 +396,7 @@ def _check_params(values: dict[str, Any]) -> None:
         "prompt_field",
         "completion_field",
         "reasoning_field",
+        "tools_field",
     ):
         if not isinstance(values[name], str) or not values[name]:
             raise ConfigError(
@@ -397,6 +406,12 @@ def _check_params(values: dict[str, Any]) -> None:
         raise ConfigError(
             f"render_chat: reasoning_field must name the field holding a message's reasoning, "
             f"not its {values['reasoning_field']!r} (the default is reasoning_content)"
+        )
+    others = (values["messages_field"], values["prompt_field"], values["completion_field"])
+    if values["tools_field"] in others:
+        raise ConfigError(
+            f"render_chat: tools_field must name the record's field of tool definitions, not "
+            f"its {values['tools_field']!r} field (the default is tools)"
         )
     if values["template"] is not None and not isinstance(values["template"], str):
         raise ConfigError(f"render_chat: template must be a file path, got {values['template']!r}")
