@@ -141,3 +141,31 @@ def test_place_takes_a_tool_text_verbatim_or_escaped_only_where_allowed():
     assert place(pieces, ['a"b'], full, [True]) == [(7, 11)]
     with pytest.raises(Misplaced):
         place(pieces, ['a"b'], full)  # a content is never taken escaped
+
+
+def test_only_the_first_tool_texts_of_a_conversation_are_slots():
+    from zephon_server.engine.chat_slots import MAX_TOOL_SLOTS
+
+    def calls(names: list[str]) -> list[dict[str, Any]]:
+        turn = {"role": "assistant", "content": "", "tool_calls": [{"name": n} for n in names]}
+        return [{"role": "user", "content": "go"}, turn, {"role": "assistant", "content": "ok"}]
+
+    names = [f"t{k}" for k in range(MAX_TOOL_SLOTS + 50)]
+    first, late = list(names), list(names)
+    first[0], late[-1] = "other", "other"
+    assert len(tool_texts(calls(names))) == MAX_TOOL_SLOTS
+    assert shape_of(calls(first)) == shape_of(calls(names))  # a slot
+    assert shape_of(calls(late)) != shape_of(calls(names))  # past the bound: in the shape
+    tpl = Counting(
+        TemplateSource(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+            "{% for c in m.tool_calls or [] %}[{{ c.name }}]{% endfor %}\n{% endfor %}",
+            "test",
+        ),
+        date=DAY,
+    )
+    skeletons = Skeletons(tpl)
+    for messages in (calls(names), calls(first), calls(late), calls(first)):
+        assert layout_chat(tpl, messages, "assistant", skeletons) == layout_chat(
+            tpl, messages, "assistant", None
+        )

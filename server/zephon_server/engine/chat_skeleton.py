@@ -26,7 +26,7 @@ met a shape first never changes a result, on any runner or worker.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -325,17 +325,24 @@ class Misplaced(Exception):
 
 def cut(probe: str, ids: Sequence[int]) -> list[str]:
     """``probe``, a rendering with the contents of messages ``ids`` replaced by their markers,
-    cut at the markers: ``len(ids) + 1`` pieces (raises :class:`Misplaced`)."""
-    pieces, pos = [], 0
+    cut at the markers: ``len(ids) + 1`` pieces (raises :class:`Misplaced`). One pass over
+    the probe, however many markers it holds."""
+    found = list(MARKED.finditer(probe))
+    written = Counter(slot_of(m.group()) for m in found)
     for k, i in enumerate(ids):
-        at = probe.find(marker(i), pos)
-        if at < 0 or probe.find(marker(i), at + 1) >= 0:
-            raise Misplaced(k, "marker")
-        pieces.append(probe[pos:at])
-        pos = at + len(marker(i))
+        if written[i] != 1:
+            raise Misplaced(k, "marker")  # not written exactly once
+    if len(found) != len(ids):
+        raise Misplaced(len(ids), "marker")  # a marker of another slot
+    pieces, pos = [], 0
+    for k, (match, i) in enumerate(zip(found, ids)):
+        if slot_of(match.group()) != i:
+            raise Misplaced(k, "marker")  # written out of order
+        pieces.append(probe[pos : match.start()])
+        pos = match.end()
     pieces.append(probe[pos:])
     if any(MARKER in piece for piece in pieces):
-        raise Misplaced(len(ids), "marker")  # a marker written out of order
+        raise Misplaced(len(ids), "marker")  # a marker that is not one of the numbered ones
     return pieces
 
 
@@ -346,19 +353,13 @@ def cut_slots(probe: str, n: int, optional: Sequence[int]) -> tuple[list[str], l
     slot once or not at all (raises :class:`Misplaced`)."""
     if not optional:
         return cut(probe, range(n)), list(range(n))
-    found: list[tuple[int, int]] = []
-    for slot in (*range(n), *optional):
-        at = probe.find(marker(slot))
-        if at >= 0 and probe.find(marker(slot), at + 1) >= 0:
-            raise Misplaced(min(slot, n), "marker")
-        if at < 0 and slot < n:
-            raise Misplaced(slot, "marker")
-        if at >= 0:
-            found.append((at, slot))
-    order = [slot for _, slot in sorted(found)]
+    allowed = set(optional)
+    order = [slot_of(m.group()) for m in MARKED.finditer(probe)]
+    if any(slot >= n and slot not in allowed for slot in order):
+        raise Misplaced(n, "marker")  # a marker of no slot of this conversation
     if [slot for slot in order if slot < n] != list(range(n)):
-        raise Misplaced(n, "marker")  # contents written out of order
-    return cut(probe, order), order
+        raise Misplaced(n, "marker")  # a content missing, repeated or out of order
+    return cut(probe, order), order  # cut checks that each slot is written once
 
 
 def place(

@@ -13,7 +13,7 @@ messages, numbered as every skeleton, trace and placement numbers them:
   arguments when they are a mapping, its id), and a message's ``tool_call_id``, in message
   order, then in the order written in the record (depth first). Strings under a ``type`` key
   stay in the shape (templates compare them: ``tool_call.type == 'function'``), and so does
-  whatever lies deeper than :data:`MAX_DEPTH`.
+  whatever lies deeper than :data:`MAX_DEPTH` or after the first :data:`MAX_TOOL_SLOTS`.
 
 Without tool texts as slots, every record with its own call arguments was a shape of its own,
 and paid for its skeleton every time. A template may write a tool text verbatim, or inside
@@ -37,6 +37,9 @@ Part = str | tuple[str, bool]
 TOOL_FIELDS = ("tool_calls", "tool_call_id")
 #: Deepest nesting inside a tool field whose strings are slots (deeper ones stay in the shape).
 MAX_DEPTH = 8
+#: Tool texts of a conversation that are slots (the first ones in slot order; later ones stay
+#: in the shape): bounds a skeleton's markers and a trace's stand-ins per conversation.
+MAX_TOOL_SLOTS = 1024
 #: What a slot reads as in a shape's fields (its text is not part of the shape).
 _SLOT = "\ue000slot"
 
@@ -46,14 +49,30 @@ def shape_of(messages: Sequence[dict[str, Any]], field: str | None = None) -> tu
     roles, every other field of a message (``name``, the structure of ``tool_calls``, ...) in a
     canonical form, and which contents are empty (templates write some turns differently then:
     their markers answer as the empty string, :class:`.chat_trace.EmptyStandIn`)."""
+    slots = _SlotBudget()  # the first MAX_TOOL_SLOTS tool texts, across the messages
     return tuple(
         [
             m["role"]
             if len(m) == 2 and m["content"] != ""
-            else (_fields(m, field), m["content"] == "")
+            else (_fields(m, field, slots), m["content"] == "")
             for m in messages
         ]
     )
+
+
+class _SlotBudget:
+    """Stands in :data:`_SLOT` for the first :data:`MAX_TOOL_SLOTS` tool texts, None after."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_TOOL_SLOTS
+
+    def __call__(self) -> str | None:
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        return _SLOT
 
 
 def shape_chars(shape: tuple[Part, ...]) -> int:
@@ -87,7 +106,7 @@ def tool_texts(messages: Sequence[dict[str, Any]]) -> list[str]:
 def _collect(value: Any, out: list[str], depth: int) -> None:
     kind = type(value)
     if kind is str:
-        if value:
+        if value and len(out) < MAX_TOOL_SLOTS:
             out.append(value)
     elif depth < MAX_DEPTH:
         if kind is dict:
@@ -113,20 +132,29 @@ def with_slots(
     for j in reasoning:
         out[j][field] = stand_in(n + j)  # type: ignore[index]
     slots = itertools.count(2 * n)
+    last = 2 * n + MAX_TOOL_SLOTS
+
+    def next_stand_in() -> Any:
+        slot = next(slots)
+        return stand_in(slot) if slot < last else None  # None: past the bound, kept as is
+
     for m in out:
         if len(m) > 2:
             for key in TOOL_FIELDS:
                 if key in m:
-                    m[key] = _replaced(m[key], lambda: stand_in(next(slots)), 0)
+                    m[key] = _replaced(m[key], next_stand_in, 0)
     return out
 
 
 def _replaced(value: Any, stand_in: Callable[[], Any], depth: int) -> Any:
     """``value`` with each string :func:`_collect` would take replaced by ``stand_in()``, in
-    the same order."""
+    the same order (a string whose ``stand_in()`` is None stays)."""
     kind = type(value)
     if kind is str:
-        return stand_in() if value else value
+        if not value:
+            return value
+        standing = stand_in()
+        return value if standing is None else standing
     if depth < MAX_DEPTH:
         if kind is dict:
             return {
@@ -143,11 +171,11 @@ def _replaced(value: Any, stand_in: Callable[[], Any], depth: int) -> Any:
 _ENCODER = json.JSONEncoder(default=repr)
 
 
-def _fields(message: dict[str, Any], field: str | None) -> str:
+def _fields(message: dict[str, Any], field: str | None, slots: _SlotBudget) -> str:
     rest = {}
     for key, value in message.items():
         if key in TOOL_FIELDS:
-            rest[key] = _replaced(value, _slot, 0)
+            rest[key] = _replaced(value, slots, 0)
         elif key == field and is_slot(value):
             rest[key] = _SLOT
         elif key != "content":
@@ -162,7 +190,3 @@ def tools_key(tools: Any) -> tuple[str, int]:
     text = _ENCODER.encode(tools)
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
     return digest.hexdigest(), len(text)
-
-
-def _slot() -> str:
-    return _SLOT
