@@ -192,6 +192,9 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "null), passed to the template as `tools`, as Hugging Face's "
         "`apply_chat_template(tools=...)` does (Qwen3 writes them in the system turn; never "
         "trained).",
+        "weight_field": "Field of a message whose 0 keeps that turn untrained whatever "
+        "`train_on` says (the OpenAI fine-tuning format's `weight`); 1, null or missing: as "
+        "`train_on` says; anything else is a `chat_error`.",
     },
     "map_transform": {
         "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "

@@ -100,6 +100,39 @@ def test_train_on_last_assistant_and_all(tok_dirs):
     assert runs == [m["content"] + "<|im_end|>" for m in messages]
 
 
+def test_a_turn_of_weight_0_is_not_trained_whatever_train_on_says(tok_dirs):
+    # The OpenAI fine-tuning format marks assistant turns not to train with "weight": 0; they
+    # were trained (the field reached the template and nothing else).
+    def conv(*weights: Any) -> dict[str, Any]:
+        messages = []
+        for k, w in enumerate(weights):
+            messages.append({"role": "user", "content": f"Q{k}?"})
+            answer = {"role": "assistant", "content": f"A{k}."}
+            messages.append(answer if w is None else {**answer, "weight": w})
+        return {"messages": messages}
+
+    op = RenderChat(tokenizer=tok_dirs["chatml"])
+    outs = render(op, [conv(0, 1, None), conv(0.0, True), conv(1.0, 0)])
+    runs = [trained_runs(op, o.payload["input_ids"], o.payload["loss_mask"]) for o in outs]
+    assert runs == [["A1.<|im_end|>", "A2.<|im_end|>"], ["A1.<|im_end|>"], ["A0.<|im_end|>"]]
+    every = RenderChat(tokenizer=tok_dirs["chatml"], train_on="all")
+    (out,) = render(every, [conv(0, 1)])
+    assert trained_runs(every, out.payload["input_ids"], out.payload["loss_mask"]) == [
+        "Q0?<|im_end|>",
+        "Q1?<|im_end|>",
+        "A1.<|im_end|>",
+    ]
+    with pytest.raises(DataError, match="nothing to learn"):  # every answer switched off
+        render(op, [conv(0, 0)])
+    with pytest.raises(DataError, match=r"message 1 \(assistant\): 'weight' must be 0"):
+        render(op, [conv("0")])
+    with pytest.raises(DataError, match=r"'weight' must be 0 \(not trained\) or 1, got 0.5"):
+        render(op, [conv(1, 0.5)])
+    ignoring = RenderChat(tokenizer=tok_dirs["chatml"], weight_field="train")  # another name
+    (out,) = render(ignoring, [conv(0, 1)])
+    assert len(trained_runs(ignoring, out.payload["input_ids"], out.payload["loss_mask"])) == 2
+
+
 def test_header_template_trims_content_and_trains_eot(tok_dirs):
     op = RenderChat(tokenizer=tok_dirs["headers"])
     conv = {
@@ -314,6 +347,7 @@ def test_a_template_drawing_random_values_is_a_config_error(tmp_path, text):
         ({"reasoning_field": 3}, "reasoning_field must be a non-empty string"),
         ({"reasoning_field": "content"}, "reasoning_field must name the field holding"),
         ({"reasoning_field": "tool_calls"}, "not its 'tool_calls'"),
+        ({"weight_field": "role"}, "weight_field must name a message's 0-or-1"),
         ({"train_reasoning": "yes"}, "train_reasoning must be true or false"),
         ({"completion_eos": 1}, "completion_eos must be true or false"),
     ],

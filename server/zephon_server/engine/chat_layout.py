@@ -120,12 +120,33 @@ def _calls_tools(message: Mapping[str, Any]) -> bool:
     return isinstance(calls, list) and bool(calls)
 
 
-def trained_indices(messages: Sequence[dict[str, Any]], train_on: str) -> list[int]:
-    """Indices of the messages whose content (and end of turn) is trained."""
+def trained_indices(
+    messages: Sequence[dict[str, Any]], train_on: str, weight: str | None = None
+) -> list[int]:
+    """Indices of the messages whose content (and end of turn) is trained: those ``train_on``
+    selects, but any whose ``weight`` field is 0 (the OpenAI fine-tuning format's per-message
+    switch); a ``weight`` other than 0 or 1 is a :class:`ChatError`."""
     if train_on == "all":
-        return list(range(len(messages)))
-    assistants = [i for i, m in enumerate(messages) if m["role"] == ASSISTANT]
-    return assistants[-1:] if train_on == "last_assistant" else assistants
+        chosen = list(range(len(messages)))
+    else:
+        assistants = [i for i, m in enumerate(messages) if m["role"] == ASSISTANT]
+        chosen = assistants[-1:] if train_on == "last_assistant" else assistants
+    if weight is None:
+        return chosen
+    off = {i for i, m in enumerate(messages) if len(m) > 2 and not _weighs(m, i, weight)}
+    return [i for i in chosen if i not in off] if off else chosen
+
+
+def _weighs(message: Mapping[str, Any], i: int, field: str) -> bool:
+    """Whether ``message`` may be trained by its ``field`` (missing, null or 1: yes; 0: no)."""
+    value = message.get(field)
+    if value is None or (value == 1 and type(value) in (int, float, bool)):
+        return True
+    if value == 0 and type(value) in (int, float, bool):
+        return False
+    raise ChatError(
+        f"message {i} ({message['role']}): {field!r} must be 0 (not trained) or 1, got {value!r}"
+    )
 
 
 def _render(template: ChatTemplate, messages: Sequence[dict[str, Any]]) -> str:
@@ -215,6 +236,7 @@ def layout_chat(
     skeletons: Skeletons | None = None,
     reasoning: str | None = None,
     tools: list[Any] | None = None,
+    weight: str | None = None,
 ) -> ChatLayout:
     """Render ``messages`` and find the trained character ranges (module docstring).
 
@@ -224,7 +246,8 @@ def layout_chat(
     ``reasoning`` (a field name, such as ``reasoning_content``), a trained message's reasoning
     that the template writes is trained too (:func:`_reasoning_starts`). ``tools``: the
     record's tool definitions, which every rendering sees (templates such as Qwen3's write them
-    in the system turn; untrained, as everything a template writes but the trained turns)."""
+    in the system turn; untrained, as everything a template writes but the trained turns).
+    ``weight``: the message field whose 0 keeps a turn untrained (:func:`trained_indices`)."""
     template = template.with_tools(tools)
     if reasoning is not None:
         for i, message in enumerate(messages):
@@ -240,7 +263,7 @@ def layout_chat(
         placed = skeleton.place(messages, full) if skeleton is not None else None
     if MARKER in full:
         raise ChatError("the conversation contains Zephon's private content marker")
-    indices = trained_indices(messages, train_on)
+    indices = trained_indices(messages, train_on, weight)
     if skeleton is not None and placed is not None:
         last = len(messages) - 1
         closes = {i: skeleton.closing(i, placed, full) for i in indices if i != last}

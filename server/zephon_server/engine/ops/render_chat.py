@@ -135,6 +135,7 @@ class RenderChat(Operator):
         reasoning_field: str = "reasoning_content",
         train_reasoning: bool = True,
         tools_field: str = "tools",
+        weight_field: str = "weight",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -153,6 +154,7 @@ class RenderChat(Operator):
         self.reasoning_field = reasoning_field
         self.train_reasoning = train_reasoning
         self.tools_field = tools_field
+        self.weight_field = weight_field
         self._warned_unwritten = False
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
@@ -220,6 +222,7 @@ class RenderChat(Operator):
             "reasoning_field": self.reasoning_field,
             "train_reasoning": self.train_reasoning,
             "tools_field": self.tools_field,
+            "weight_field": self.weight_field,
         }
 
     def describe(self) -> str:
@@ -254,7 +257,13 @@ class RenderChat(Operator):
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
             reasoning = self.reasoning_field if self.train_reasoning else None
             layout = layout_chat(
-                self.chat_template, messages, self.train_on, self.skeletons, reasoning, tools
+                self.chat_template,
+                messages,
+                self.train_on,
+                self.skeletons,
+                reasoning,
+                tools,
+                self.weight_field,
             )
         except ChatError as exc:
             raise RecordProblem(CHAT_ERROR, str(exc)) from exc
@@ -397,11 +406,17 @@ def _check_params(values: dict[str, Any]) -> None:
         "completion_field",
         "reasoning_field",
         "tools_field",
+        "weight_field",
     ):
         if not isinstance(values[name], str) or not values[name]:
             raise ConfigError(
                 f"render_chat: {name} must be a non-empty string, got {values[name]!r}"
             )
+    if values["weight_field"] in ("role", "content", values["reasoning_field"], *TOOL_FIELDS):
+        raise ConfigError(
+            f"render_chat: weight_field must name a message's 0-or-1 training switch, not its "
+            f"{values['weight_field']!r} (the default is weight)"
+        )
     if values["reasoning_field"] in ("role", "content", *TOOL_FIELDS):
         raise ConfigError(
             f"render_chat: reasoning_field must name the field holding a message's reasoning, "
