@@ -195,6 +195,9 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "weight_field": "Field of a message whose 0 keeps that turn untrained whatever "
         "`train_on` says (the OpenAI fine-tuning format's `weight`); 1, null or missing: as "
         "`train_on` says; anything else is a `chat_error`.",
+        "template_kwargs": "Extra variables for the template, as the keyword arguments of "
+        "Hugging Face's `apply_chat_template` (e.g. `{enable_thinking: false}`); not "
+        "`messages`, `tools`, `documents` or `add_generation_prompt`.",
     },
     "map_transform": {
         "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "

@@ -133,6 +133,19 @@ def test_a_turn_of_weight_0_is_not_trained_whatever_train_on_says(tok_dirs):
     assert len(trained_runs(ignoring, out.payload["input_ids"], out.payload["loss_mask"])) == 2
 
 
+def test_template_kwargs_reach_the_template_and_the_fingerprint(tmp_path, tok_dirs):
+    template = tmp_path / "greeting.jinja"
+    template.write_text("{% if greeting is defined %}{{ greeting }}\n{% endif %}" + CHATML)
+    conv = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}
+    plain = RenderChat(tokenizer=tok_dirs["chatml"], template=str(template))
+    kind = RenderChat(
+        tokenizer=tok_dirs["chatml"], template=str(template), template_kwargs={"greeting": "Hey"}
+    )
+    texts = [decode(op, render(op, [conv])[0].payload["input_ids"]) for op in (plain, kind)]
+    assert texts[1] == "Hey\n" + texts[0]
+    assert plain.params()["template_kwargs"] == {} != kind.params()["template_kwargs"]
+
+
 def test_header_template_trims_content_and_trains_eot(tok_dirs):
     op = RenderChat(tokenizer=tok_dirs["headers"])
     conv = {
@@ -348,6 +361,10 @@ def test_a_template_drawing_random_values_is_a_config_error(tmp_path, text):
         ({"reasoning_field": "content"}, "reasoning_field must name the field holding"),
         ({"reasoning_field": "tool_calls"}, "not its 'tool_calls'"),
         ({"weight_field": "role"}, "weight_field must name a message's 0-or-1"),
+        ({"template_kwargs": ["x"]}, "template_kwargs must be a mapping"),
+        ({"template_kwargs": {"tools": []}}, "may not set 'tools'"),
+        ({"template_kwargs": {"a b": 1}}, "'a b' is not a variable name"),
+        ({"template_kwargs": {"x": float("nan")}}, "template_kwargs.x must be"),
         ({"train_reasoning": "yes"}, "train_reasoning must be true or false"),
         ({"completion_eos": 1}, "completion_eos must be true or false"),
     ],

@@ -316,6 +316,10 @@ def environment_class() -> type:
     return ChatEnvironment
 
 
+#: Variables every render sets itself, which ``template_kwargs`` may not name.
+RESERVED_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+
+
 class ChatTemplate:
     """A compiled chat template; :meth:`render` turns messages into text.
 
@@ -324,9 +328,18 @@ class ChatTemplate:
     :class:`ChatTemplateError` instead of hanging or filling memory.
     """
 
-    def __init__(self, source: TemplateSource, *, date: datetime.date) -> None:
+    def __init__(
+        self,
+        source: TemplateSource,
+        *,
+        date: datetime.date,
+        variables: Mapping[str, Any] | None = None,
+    ) -> None:
         self.source = source
         self.date = date
+        #: Extra template variables (``render_chat.template_kwargs``, as the keyword arguments
+        #: of Hugging Face's ``apply_chat_template``), e.g. ``enable_thinking``.
+        self.variables = dict(variables or {})
         #: The tool definitions every render of this template sees (:meth:`with_tools`).
         self.tools: list[Any] | None = None
         self._template, self._scope = self.compile(environment_class()())
@@ -370,6 +383,7 @@ class ChatTemplate:
         scope: dict[str, Any] = {
             **template.globals,
             **self.source.special_tokens,
+            **self.variables,
             "tools": None,
             "documents": None,
             "add_generation_prompt": False,

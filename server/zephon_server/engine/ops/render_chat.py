@@ -29,6 +29,7 @@ masked, all ones (``mask_full``); a ``max_length`` cut that removes every traine
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,7 @@ import numpy as np
 from ..chat_layout import TRAIN_ON, ChatError, check_messages, check_tools, layout_chat
 from ..chat_skeleton import Skeletons
 from ..chat_slots import TOOL_FIELDS
-from ..chat_template import ChatTemplate, TemplateSource, find_template
+from ..chat_template import RESERVED_VARIABLES, ChatTemplate, TemplateSource, find_template
 from ..errors import ConfigError, DataError
 from ..json_line import loads_line
 from ..records import SampleRecord, Span
@@ -136,6 +137,7 @@ class RenderChat(Operator):
         train_reasoning: bool = True,
         tools_field: str = "tools",
         weight_field: str = "weight",
+        template_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -155,6 +157,7 @@ class RenderChat(Operator):
         self.train_reasoning = train_reasoning
         self.tools_field = tools_field
         self.weight_field = weight_field
+        self.template_kwargs = dict(template_kwargs or {})
         self._warned_unwritten = False
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
@@ -178,7 +181,7 @@ class RenderChat(Operator):
         """The compiled template (compiled lazily after unpickling in a worker)."""
         if self._template is None:
             day = datetime.date.fromisoformat(self.date)
-            self._template = ChatTemplate(self.source, date=day)
+            self._template = ChatTemplate(self.source, date=day, variables=self.template_kwargs)
         return self._template
 
     @property
@@ -223,6 +226,7 @@ class RenderChat(Operator):
             "train_reasoning": self.train_reasoning,
             "tools_field": self.tools_field,
             "weight_field": self.weight_field,
+            "template_kwargs": self.template_kwargs,
         }
 
     def describe(self) -> str:
@@ -412,6 +416,7 @@ def _check_params(values: dict[str, Any]) -> None:
             raise ConfigError(
                 f"render_chat: {name} must be a non-empty string, got {values[name]!r}"
             )
+    _check_template_kwargs(values["template_kwargs"])
     if values["weight_field"] in ("role", "content", values["reasoning_field"], *TOOL_FIELDS):
         raise ConfigError(
             f"render_chat: weight_field must name a message's 0-or-1 training switch, not its "
@@ -453,3 +458,30 @@ def _check_params(values: dict[str, Any]) -> None:
         raise ConfigError(
             f"render_chat: date must be an ISO date like 2025-01-01, got {values['date']!r}"
         ) from exc
+
+
+def _check_template_kwargs(value: Any) -> None:
+    """``template_kwargs``: a mapping of variable names to JSON-like values (a config error
+    otherwise), none of them a variable every render sets itself."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"render_chat: template_kwargs must be a mapping of template variables, got "
+            f"{type(value).__name__} (e.g. template_kwargs: {{enable_thinking: false}})"
+        )
+    for name, item in value.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"render_chat: template_kwargs: {name!r} is not a variable name")
+        if name in RESERVED_VARIABLES:
+            raise ConfigError(
+                f"render_chat: template_kwargs may not set {name!r}: every render sets it "
+                "(messages and tools come from the record)"
+            )
+        try:
+            json.dumps(item, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"render_chat: template_kwargs.{name} must be a string, number, boolean, null, "
+                f"list or mapping, got {type(item).__name__}"
+            ) from None
