@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.chat_helpers import Counting, decode, render_rows, trained_runs
-from zephon_server.engine.chat_layout import layout_chat
+from zephon_server.engine.chat_layout import check_messages, layout_chat
 from zephon_server.engine.chat_skeleton import Skeletons
 from zephon_server.engine.chat_template import find_template
 from zephon_server.engine.config import ConfigError
@@ -133,3 +133,33 @@ def test_the_skeleton_cache_holds_a_bounded_number_of_characters(qwen3, monkeypa
         assert skeletons._held == sum(skeletons._weights.values()) <= 40_000
     assert 2 <= len(skeletons._cache) < 12  # the oldest went first
     assert list(skeletons._weights) == list(skeletons._cache)
+
+
+def test_records_with_tools_render_by_the_configs_tool_use_template(tmp_path):
+    # A tokenizer config may name its templates; Hugging Face renders a record with tools by
+    # the one named "tool_use" (when there is one) and every other by "default".
+    from tests.support.chat_helpers import CHATML, chat_tokenizer
+
+    tool_use = (
+        "{% if tools %}<|im_start|>system\nTOOLS: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+        + CHATML
+    )
+    named = [{"name": "default", "template": CHATML}, {"name": "tool_use", "template": tool_use}]
+    op = RenderChat(tokenizer=chat_tokenizer(tmp_path / "named", "chatml", chat_template=named))
+    plain = RenderChat(tokenizer=chat_tokenizer(tmp_path / "plain", "chatml"))
+    assert op.params()["template"] != plain.params()["template"]  # tool_use is in the identity
+    rows = [conversation(city, WEATHER) for city in ("Paris", "Oslo", "Lima", "Rome")]
+    rows.append(conversation("Bern"))
+    outs = render_rows(op, rows)  # the shape of the first four: built, traced, then filled
+    texts = [decode(op, out.payload["input_ids"]) for out in outs]
+    for row, text in zip(rows, texts):
+        template = op.chat_template.with_tools(row.get("tools"))
+        assert text == template.render(check_messages(row["messages"], "messages", 100))
+    assert all(t.startswith('<|im_start|>system\nTOOLS: [{"type": "function"') for t in texts[:4])
+    assert "TOOLS" not in texts[4]  # no tools: the default template
+    bound = op.chat_template.with_tools(WEATHER)
+    skeleton = op.skeletons.get(check_messages(rows[0]["messages"], "messages", 100), bound)
+    assert skeleton is not None and skeleton.checks is not None  # traced by its own template
+    assert len(op.skeletons._tracers) == 2
+    runs = [trained_runs(op, o.payload["input_ids"], o.payload["loss_mask"]) for o in outs]
+    assert runs[0] == ["<|im_end|>", "It is 18C in Paris.<|im_end|>"] and "TOOLS" not in str(runs)

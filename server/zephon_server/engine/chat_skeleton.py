@@ -227,7 +227,7 @@ class Skeletons:
         self, template: ChatTemplate, max_shapes: int = MAX_SHAPES, field: str | None = None
     ) -> None:
         self._template = template
-        self._tracer = Tracer(template)
+        self._tracers = {id(template.source): Tracer(template)}  # one per template source
         self._max = max_shapes
         self._field = field
         # Keyed by shape, or by shape and a digest of the tool definitions.
@@ -259,7 +259,8 @@ class Skeletons:
             except KeyError:
                 pass
             if found is not None and not found.traced:
-                found.trace(self._tracer, messages)  # the same checks whoever traces first
+                # The same checks whoever traces first.
+                found.trace(self._tracer(bound), messages)
             return found
         # The same for every caller. Not traced yet: a tracing costs a few renderings, and most
         # shapes of records with their own tool calls or fields are met once.
@@ -276,6 +277,14 @@ class Skeletons:
                 old, _ = self._cache.popitem(last=False)
                 self._held -= self._weights.pop(old)
         return skeleton
+
+    def _tracer(self, template: ChatTemplate) -> Tracer:
+        """The tracer of ``template``'s source (another one for a "tool_use" template)."""
+        tracer = self._tracers.get(id(template.source))
+        if tracer is None:
+            with self._lock:
+                tracer = self._tracers.setdefault(id(template.source), Tracer(template))
+        return tracer
 
 
 def markers_in(

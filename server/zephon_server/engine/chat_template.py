@@ -73,17 +73,19 @@ def _read_text(path: Path, limit: int, what: str) -> str:
         raise ConfigError(f"cannot read {what} {str(path)!r}: {exc}") from exc
 
 
-def _template_from_config(config: Mapping[str, Any], where: str) -> str | None:
-    """The ``chat_template`` of a tokenizer config: a string, or the list form's "default"."""
+def _template_from_config(config: Mapping[str, Any], where: str) -> tuple[str | None, str | None]:
+    """The ``chat_template`` of a tokenizer config: a string, or the list form's "default",
+    and the list form's "tool_use" (which Hugging Face renders records with tools by)."""
     value = config.get("chat_template")
     if value is None or isinstance(value, str):
-        return value
+        return value, None
     if isinstance(value, list):
         named = {
             t.get("name"): t.get("template") for t in value if isinstance(t, dict) and "name" in t
         }
         if isinstance(named.get("default"), str):
-            return str(named["default"])
+            tool_use = named.get("tool_use")
+            return str(named["default"]), tool_use if isinstance(tool_use, str) else None
         raise ConfigError(
             f"{where}: chat_template is a list without a template named 'default' (names: "
             f"{sorted(str(n) for n in named)}); give render_chat a template file"
@@ -98,6 +100,8 @@ class TemplateSource:
     text: str
     origin: str
     special_tokens: Mapping[str, Any] = field(default_factory=dict)
+    #: The tokenizer config's template named "tool_use", for records with tool definitions.
+    tool_use: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str) or not self.text.strip():
@@ -105,8 +109,11 @@ class TemplateSource:
 
     @property
     def identity(self) -> str:
-        """sha256 of the template text and the special tokens (enters the fingerprint)."""
-        doc = json.dumps([self.text, dict(self.special_tokens)], sort_keys=True)
+        """sha256 of the template text(s) and the special tokens (enters the fingerprint)."""
+        parts: list[Any] = [self.text, dict(self.special_tokens)]
+        if self.tool_use is not None:
+            parts.append(self.tool_use)
+        doc = json.dumps(parts, sort_keys=True)
         return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
 
 
@@ -133,14 +140,16 @@ def find_template(tokenizer_path: str, template_path: str | None) -> TemplateSou
     if jinja_file is not None and jinja_file.is_file():
         text = _read_text(jinja_file, MAX_TEMPLATE_BYTES, "chat template")
         return TemplateSource(text, str(jinja_file), tokens)
-    found = _template_from_config(config, str(config_file)) if config_file else None
+    found, tool_use = (None, None)
+    if config_file is not None:
+        found, tool_use = _template_from_config(config, str(config_file))
     if found is None:
         looked = f"{config_file} and {jinja_file}" if config_file else "(no tokenizer directory)"
         raise ConfigError(
             f"render_chat: no chat template for tokenizer {tokenizer_path!r}: looked in "
             f"{looked}; set render_chat.template to a Jinja template file"
         )
-    return TemplateSource(found, f"{config_file}:chat_template", tokens)
+    return TemplateSource(found, f"{config_file}:chat_template", tokens, tool_use)
 
 
 #: What a template may not use: its output would change from one run to the next.
@@ -340,6 +349,13 @@ class ChatTemplate:
         #: Extra template variables (``render_chat.template_kwargs``, as the keyword arguments
         #: of Hugging Face's ``apply_chat_template``), e.g. ``enable_thinking``.
         self.variables = dict(variables or {})
+        #: The "tool_use" template, compiled (records with tools render by it, as in HF).
+        self._tool_use: ChatTemplate | None = None
+        if source.tool_use is not None:
+            named = TemplateSource(
+                source.tool_use, f"{source.origin} (tool_use)", source.special_tokens
+            )
+            self._tool_use = ChatTemplate(named, date=date, variables=variables)
         #: The tool definitions every render of this template sees (:meth:`with_tools`).
         self.tools: list[Any] | None = None
         self._template, self._scope = self.compile(environment_class()())
@@ -347,9 +363,12 @@ class ChatTemplate:
     def with_tools(self, tools: list[Any] | None) -> ChatTemplate:
         """This template rendering with the tool definitions ``tools`` (a record's ``tools``
         list, as Hugging Face's ``apply_chat_template(tools=...)`` passes them; Qwen3 writes
-        them in the system turn); the same compiled template."""
+        them in the system turn); the same compiled template, or the tokenizer config's
+        "tool_use" template when it has one and ``tools`` is not None, as HF chooses."""
         if tools is self.tools:
             return self
+        if tools is not None and self._tool_use is not None:
+            return self._tool_use.with_tools(tools)
         bound = copy.copy(self)
         bound.tools = tools
         bound._scope = {**self._scope, "tools": tools}
