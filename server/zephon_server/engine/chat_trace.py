@@ -1,8 +1,9 @@
 """Traced renderings: which conversations of a shape render as its skeleton, without rendering.
 
-A shape's skeleton (:mod:`.chat_skeleton`) is its rendering with markers in place of the
-contents. Whether a conversation of that shape renders as the skeleton with its contents put
-back depends only on what the template *does* with the contents. A traced rendering of the
+A shape's skeleton (:mod:`.chat_skeleton`) is its rendering with markers in place of its
+slots (the contents, reasoning and tool texts, :mod:`.chat_slots`; "content" below stands for
+any of them). Whether a conversation of that shape renders as the skeleton with its contents
+put back depends only on what the template *does* with the contents. A traced rendering of the
 shape finds out, once per shape: each content is an :class:`Opaque` value that
 
 * is written out (``{{ content }}``) as its marker, alone or joined with text by ``+``
@@ -13,6 +14,9 @@ shape finds out, once per shape: each content is an :class:`Opaque` value that
   :class:`EmptyStandIn`), and each question and answer is recorded;
 * can be stripped (``content.strip()``, ``content.lstrip('\\n')``, ``| trim``) when that leaves
   the marker as it is: recorded as the question "does stripping leave it as it is?";
+* for a tool text only, can be written inside ``tojson`` (a call's arguments, as Qwen3 writes
+  them): the JSON is written with the marker where the escaped text goes (:class:`Escaped`),
+  and the skeleton fills that slot JSON-escaped;
 
 and can do nothing else. Anything else (``~``, ``| length``, ``split``, another filter,
 formatting, hashing, iterating, indexing) ends the trace: the shape then has no checks, and
