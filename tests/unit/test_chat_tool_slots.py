@@ -169,3 +169,25 @@ def test_only_the_first_tool_texts_of_a_conversation_are_slots():
         assert layout_chat(tpl, messages, "assistant", skeletons) == layout_chat(
             tpl, messages, "assistant", None
         )
+
+
+def test_records_read_from_parquet_structs_lay_out_as_rendered():
+    # A Parquet struct column gives every call every field, null where a record has none
+    # (an id, arguments as a string or as a mapping), and lists where JSON has arrays.
+    def record(k: int) -> list[dict[str, Any]]:
+        function = {"name": f"f{k}", "arguments": None if k % 2 else f'{{"q": "{k}"}}'}
+        call = {"id": None if k % 3 else f"c{k}", "type": "function", "function": function}
+        turn = {"role": "assistant", "content": None, "tool_calls": [call], "tool_call_id": None}
+        answer = {"role": "tool", "content": f"r{k}", "tool_calls": None, "tool_call_id": "c"}
+        messages = [{"role": "user", "content": f"q{k}", "tool_calls": None, "tool_call_id": None}]
+        messages += [turn, answer, {"role": "assistant", "content": f"a{k}"}]
+        return check_messages(messages, "messages", 100)
+
+    for name in ("qwen3", "raw"):
+        tpl = template(name)
+        convs = [record(k) for k in range(24)]
+        plain = [outcome(tpl, m, "all", None) for m in convs]
+        skeletons = Skeletons(tpl)
+        for _ in range(2):
+            assert [outcome(tpl, m, "all", skeletons) for m in convs] == plain
+        assert len(skeletons._cache) <= 6  # null or not: the shapes, whatever the texts
