@@ -333,10 +333,17 @@ def test_a_ring_too_small_for_the_window_mixes_both_ways_with_the_same_batches(
         offer, _, out = read_raw(srv.stub(), 0, None, per_message=1, ack_every=12)
         assert offer is not None and offer.size == 1 << 20
         assert checked_chain([d for _, d, _ in out]) == expected[0]
-        # Batch 16 onwards went after the first ack, which the client sent after its reply:
-        # ~9 fit in the ring before the next ack (at 24) could free any.
-        kinds = [in_ring for *_, in_ring in out[16:]]
-        assert set(kinds) == {True, False}, kinds
+        # What holds however fast the acks come back (the client acks every 12th batch, the
+        # server sends at most 16 beyond the last ack, ~9 batches fit in the ring): batches
+        # 12-23 all go before the ack of 23 could free anything, so at least 3 of them find
+        # the ring full and go in full; batch 16 waits for the ack of 11, which freed the ring
+        # of batches 0-11, so it goes through the ring. (Asserting both kinds among 16
+        # onwards, as this test did, failed about one run in six: later acks can free the
+        # ring in time for every later batch.)
+        kinds = [in_ring for *_, in_ring in out]
+        seen = "".join("R" if k else "F" for k in kinds)  # the message: R ring, F in full
+        assert "R" in seen[:12], seen  # the ring, accepted at the start, is used
+        assert seen[16] == "R" and seen[12:24].count("F") >= 3, seen
 
 
 def test_a_dead_servers_ring_files_are_removed(stream_config):
