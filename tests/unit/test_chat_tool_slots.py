@@ -191,3 +191,36 @@ def test_records_read_from_parquet_structs_lay_out_as_rendered():
         for _ in range(2):
             assert [outcome(tpl, m, "all", skeletons) for m in convs] == plain
         assert len(skeletons._cache) <= 6  # null or not: the shapes, whatever the texts
+
+
+def test_past_the_bound_the_shape_takes_the_tool_fields_in_slot_order():
+    # One slot left when a message holding tool_call_id *before* tool_calls comes: the slot is
+    # the first string of tool_calls (the order tool_texts takes), so the id stays in the shape
+    # and two ids are two shapes (a shape key walking the record's order had made the id the
+    # slot: one skeleton for both, filled with the first one's id).
+    from zephon_server.engine.chat_slots import MAX_TOOL_SLOTS
+
+    def calls(last_id: str) -> list[dict[str, Any]]:
+        many = [{"name": f"t{k}"} for k in range(MAX_TOOL_SLOTS - 1)]
+        first = {"role": "assistant", "content": "", "tool_calls": many}
+        last = {"role": "assistant", "content": "", "tool_call_id": last_id}
+        last["tool_calls"] = [{"name": "final"}]
+        return [{"role": "user", "content": "go"}, first, last, {"role": "user", "content": "ok"}]
+
+    a, b = calls("id-a"), calls("id-b")
+    assert tool_texts(a)[-1] == "final"
+    assert shape_of(a) != shape_of(b)
+    tpl = Counting(
+        TemplateSource(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+            "{% for c in m.tool_calls or [] %}[{{ c.name }}]{% endfor %}"
+            "{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}\n{% endfor %}",
+            "test",
+        ),
+        date=DAY,
+    )
+    skeletons = Skeletons(tpl)
+    for messages in (a, a, b, a, b):
+        assert layout_chat(tpl, messages, "all", skeletons) == layout_chat(
+            tpl, messages, "all", None
+        )

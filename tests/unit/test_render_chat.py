@@ -363,6 +363,7 @@ def test_a_template_drawing_random_values_is_a_config_error(tmp_path, text):
         ({"weight_field": "role"}, "weight_field must name a message's 0-or-1"),
         ({"template_kwargs": ["x"]}, "template_kwargs must be a mapping"),
         ({"template_kwargs": {"tools": []}}, "may not set 'tools'"),
+        ({"template_kwargs": {"strftime_now": "x"}}, "may not set 'strftime_now'"),
         ({"template_kwargs": {"a b": 1}}, "'a b' is not a variable name"),
         ({"template_kwargs": {"x": float("nan")}}, "template_kwargs.x must be"),
         ({"train_reasoning": "yes"}, "train_reasoning must be true or false"),

@@ -172,10 +172,13 @@ _ENCODER = json.JSONEncoder(default=repr)
 
 
 def _fields(message: dict[str, Any], field: str | None, slots: _SlotBudget) -> str:
+    # The tool fields in slot order (as tool_texts and with_slots take them), whatever their
+    # order in the record: past MAX_TOOL_SLOTS, which strings are slots must be the same here.
+    tools = {key: _replaced(message[key], slots, 0) for key in TOOL_FIELDS if key in message}
     rest = {}
     for key, value in message.items():
-        if key in TOOL_FIELDS:
-            rest[key] = _replaced(value, slots, 0)
+        if key in tools:
+            rest[key] = tools[key]
         elif key == field and is_slot(value):
             rest[key] = _SLOT
         elif key != "content":

@@ -325,8 +325,16 @@ def environment_class() -> type:
     return ChatEnvironment
 
 
-#: Variables every render sets itself, which ``template_kwargs`` may not name.
-RESERVED_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+#: Variables every render sets itself, and the helpers every template is given, which
+#: ``template_kwargs`` may not name.
+RESERVED_VARIABLES = (
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "raise_exception",
+    "strftime_now",
+)
 
 
 class ChatTemplate:

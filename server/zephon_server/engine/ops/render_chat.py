@@ -476,7 +476,8 @@ def _check_template_kwargs(value: Any) -> None:
         if name in RESERVED_VARIABLES:
             raise ConfigError(
                 f"render_chat: template_kwargs may not set {name!r}: every render sets it "
-                "(messages and tools come from the record)"
+                "(messages and tools come from the record; raise_exception and strftime_now "
+                "are the template's helpers, the date is render_chat.date)"
             )
         try:
             json.dumps(item, allow_nan=False)
