@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -139,3 +142,43 @@ def test_shared_memory_payloads_resolve_exactly_and_free_their_block():
 # Owners of shared-memory blocks and the sweep (unit tests over a directory standing in for
 # /dev/shm; flock conflicts between two open files of one process as between processes)
 # --------------------------------------------------------------------------------------------
+
+
+UNGUARDED_SCRIPT = """
+import json, pathlib
+from zephon_server.engine.config import parse_config
+
+data = pathlib.Path({data!r})
+config = {{
+    "seed": 1,
+    "lanes": 2,
+    "datasets": [{{"name": "a", "path": str(data), "weight": 1.0}}],
+    "pipeline": [
+        {{"decode_text": {{}}}},
+        {{"tokenize": {{"tokenizer": "byte"}}}},
+        {{"batch": {{"microbatch_size": 4}}}},
+    ],
+    "execution": {{"runner": "processes", "workers": 2}},
+}}
+pipe, execution = parse_config(config)
+print("batches", sum(1 for _ in pipe.run(execution).batches()))
+"""
+
+
+def test_a_script_without_a_main_guard_fails_with_the_fix_named_instead_of_hanging(tmp_path):
+    # Spawned workers run the main script again; there the pipeline cannot start its own
+    # workers. That failure used to leave the run waiting for ever, silently.
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = "".join(json.dumps({"text": f"document {i} " * 8}) + "\n" for i in range(200))
+    (data / "a.jsonl").write_text(rows)
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT.format(data=str(data)))
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert run.returncode == 1, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("zephon_server.engine.errors.WorkerError"), last
+    assert "exit code 1" in last
+    assert 'if __name__ == "__main__":' in last

@@ -41,6 +41,11 @@ class _Error:
         self.exc = exc
 
 
+class _Placed(Exception):
+    """A dispatch failed and its error already holds the failed item's place in the reorder
+    buffer: the driver stops without reserving another."""
+
+
 class StageRunner:
     """Executes the steps of one stage; subclasses choose where ``Step.run`` executes."""
 
@@ -290,7 +295,7 @@ class PooledRunner(StageRunner):
                 self._dispatch(driver.feed(items), rb)
                 if not self.ordered:
                     self._dispatch(driver.poll(), rb)
-        except ReorderBufferClosed:
+        except (ReorderBufferClosed, _Placed):
             return
         except BaseException as exc:
             with contextlib.suppress(ReorderBufferClosed):
@@ -327,15 +332,23 @@ class PooledRunner(StageRunner):
             self._put(out_q, _Error(exc))
 
     def _dispatch(self, items: list[Any], rb: ReorderBuffer) -> None:
+        """Give each item its place in ``rb``. An item that cannot be run or submitted (a pool
+        that cannot start its workers, say) takes its error to its own place: the collector
+        waits for every place in order, so an error put anywhere later would never be reached
+        and the run would wait for ever."""
         for item in items:
             seq = rb.reserve()
-            if type(item) is Task and item.step.workers == 0:
-                rb.complete(seq, item.step.run(item.elems))
-            elif type(item) is Task:
-                future = self.submit(item)
-                future.add_done_callback(_completer(rb, seq, item.step.name))
-            else:
-                rb.complete(seq, item, control=True)
+            try:
+                if type(item) is Task and item.step.workers == 0:
+                    rb.complete(seq, item.step.run(item.elems))
+                elif type(item) is Task:
+                    future = self.submit(item)
+                    future.add_done_callback(_completer(rb, seq, item.step.name))
+                else:
+                    rb.complete(seq, item, control=True)
+            except BaseException as exc:
+                rb.complete(seq, _Error(exc), control=True)
+                raise _Placed() from exc
 
     def _collect(self, rb: ReorderBuffer, q: queue.Queue[Any]) -> None:
         try:

@@ -77,6 +77,14 @@ def _run_task(step_index: int, elems: list[Any]) -> tuple[list[Any], float, Any]
     return exported, time.perf_counter() - started, storage_stats().take_delta()
 
 
+#: What a worker's exit code 1 means, added to the error naming it.
+RAISED_NOTE = (
+    "exit code 1 is an error the worker raised, whose traceback is on standard error; one "
+    "raised while the worker starts is often a script that runs the pipeline outside "
+    '`if __name__ == "__main__":`, which every spawned worker runs again'
+)
+
+
 class ProcessesRunner(PooledRunner):
     """A pooled runner whose workers are spawned processes."""
 
@@ -159,6 +167,8 @@ class ProcessesRunner(PooledRunner):
         ]
         detail = ", ".join(codes) if codes else "a worker process terminated abruptly"
         note = f"worker process died ({detail}); the run cannot continue"
+        if any(p.exitcode == 1 for p in procs.values()):
+            note += f"; {RAISED_NOTE}"
         self._notes[step_index] = note
         return note
 
