@@ -123,8 +123,10 @@ STORAGE = {
     "retry_base_s": "Backoff base: retry k waits a uniform draw from [0, min(cap, base * "
     "2^(k-1))] seconds (full jitter).",
     "retry_cap_s": "Backoff cap in seconds.",
-    "request_timeout_s": "The SDK's request timeout in seconds (default: the SDK's).",
-    "connect_timeout_s": "The SDK's connect timeout in seconds (default: the SDK's).",
+    "request_timeout_s": "A request that receives no byte for this many seconds fails as a "
+    "network error and is retried (the SDK's default: 3; on Linux too).",
+    "connect_timeout_s": "Seconds to open a connection before it fails as a network error and "
+    "is retried (the SDK's default: 1).",
 }
 
 EXECUTION = {

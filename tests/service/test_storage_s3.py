@@ -258,6 +258,31 @@ def test_throttling_errors_and_resets_are_retried_and_counted(s3, tmp_path, faul
     assert after.requests[("get", "ok")] - before.requests[("get", "ok")] == 1
 
 
+def test_a_response_that_stops_mid_body_times_out_and_is_retried(s3, tmp_path):
+    # A server that stops sending without closing the connection: the SDK gives up after
+    # request_timeout_s without a byte (on Linux too), and the read is retried like a reset.
+    bucket = new_bucket(s3)
+    rows = [json.dumps({"text": f"doc {i} " * 40}) for i in range(200)]
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    s3.put(bucket, "a.jsonl", (tmp_path / "a.jsonl").read_bytes())
+    with HttpFaultProxy(s3.port) as proxy:
+        extra = options(proxy.endpoint, request_timeout_s=1)
+        spec = DatasetSpec("a", f"s3://{bucket}/a.jsonl", 1.0, storage_options=extra)
+        cache = ShardCache()
+        (info,) = resolve_datasets([spec], cache=cache)
+        before = storage_stats().snapshot()
+        proxy.stall(1, hold=60, methods=["GET"])
+        assert cache.read_rows(info.shards[0], [7, 150], "text") == [
+            rows[7].encode(),
+            rows[150].encode(),
+        ]
+        after = storage_stats().snapshot()
+        stalled = [r for r in proxy.requests("GET", "a.jsonl") if r.fault == "stall"]
+        assert len(stalled) == 1 and stalled[0].body_bytes > 0
+    assert after.retries["get"] - before.retries["get"] == 1
+    assert after.requests[("get", "network")] - before.requests[("get", "network")] == 1
+
+
 def test_retry_budget_exhaustion_fails_or_skips_by_on_error(s3, tmp_path):
     bucket = new_bucket(s3)
     rows = [json.dumps({"text": f"doc {i}"}) for i in range(40)]

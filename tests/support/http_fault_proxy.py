@@ -9,7 +9,9 @@ runtime and consumed by the next requests that match them:
   optionally running ``before()`` first (to change the object while the request is out);
 * ``reset(n)``: forward the next ``n`` matching requests, then send the response's headers and
   half of its body and reset the connection (RST, ``SO_LINGER`` 0): a connection that dies
-  mid-body.
+  mid-body;
+* ``stall(n, hold)``: the same half body, then nothing more for ``hold`` seconds while the
+  connection stays open (a server that stops sending without closing), then a close.
 
 A fault matches a request by method (``methods``, default every method) and by a substring
 of its path (``path``). Every request is logged in :attr:`log` as a :class:`Logged` entry
@@ -52,13 +54,14 @@ class Logged:
 
 @dataclass
 class _Fault:
-    kind: str  # "fail" or "reset"
+    kind: str  # "fail", "reset" or "stall"
     left: int
     status: int
     code: str
     methods: frozenset[str] | None
     path: str | None
     before: Callable[[], None] | None = None
+    hold: float = 0.0  # a stall's silence, in seconds
 
     def matches(self, method: str, path: str) -> bool:
         if self.left <= 0:
@@ -76,6 +79,7 @@ class HttpFaultProxy:
         self.log: list[Logged] = []
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
+        self._closing = threading.Event()  # ends stalls early
         proxy = self
 
         class Handler(_Handler):
@@ -106,6 +110,13 @@ class HttpFaultProxy:
     def reset(self, n: int, methods: Iterable[str] | None = None, path: str | None = None) -> None:
         """Reset the next ``n`` matching requests' connections half-way through the body."""
         self._add(_Fault("reset", n, 0, "", _methods(methods), path))
+
+    def stall(
+        self, n: int, hold: float, methods: Iterable[str] | None = None, path: str | None = None
+    ) -> None:
+        """Send half of the next ``n`` matching responses' bodies, then hold the connection
+        silent for ``hold`` seconds (or until :meth:`close`) before closing it."""
+        self._add(_Fault("stall", n, 0, "", _methods(methods), path, hold=hold))
 
     def clear(self) -> None:
         """Drop the pending faults and the log."""
@@ -140,6 +151,7 @@ class HttpFaultProxy:
 
     def close(self) -> None:
         """Stop serving and join the accept thread."""
+        self._closing.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
@@ -191,9 +203,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(data)
             return
         status, headers, data = self._forward(method, path, body)
-        reset = fault is not None and fault.kind == "reset"
-        sent = len(data) // 2 if reset else len(data)
-        self.owner._record(Logged(method, path, rng, status, sent, "reset" if reset else None))
+        kind = fault.kind if fault is not None else None
+        sent = len(data) // 2 if kind in ("reset", "stall") else len(data)
+        self.owner._record(Logged(method, path, rng, status, sent, kind))
         self.send_response(status)
         for key, value in headers:
             skip = key.lower() in _HOP or (key.lower() == "content-length" and method != "HEAD")
@@ -202,10 +214,15 @@ class _Handler(BaseHTTPRequestHandler):
         if method != "HEAD":
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if reset:
+        if kind == "reset":
             self.wfile.write(data[:sent])
             self.wfile.flush()
             self._reset()
+        elif kind == "stall" and fault is not None:
+            self.wfile.write(data[:sent])
+            self.wfile.flush()
+            self.owner._closing.wait(fault.hold)
+            self.close_connection = True
         elif method != "HEAD":
             self.wfile.write(data)
 

@@ -38,8 +38,10 @@ class StorageOptions:
     requests, for public buckets. ``max_concurrency``: requests in flight per store and
     process. ``retry_attempts`` / ``retry_base_s`` / ``retry_cap_s``: exponential backoff with
     full jitter on throttling (429, 503 SlowDown), 5xx answers and connection resets or
-    timeouts. ``request_timeout_s`` / ``connect_timeout_s``: the SDK's timeouts (default: the
-    SDK's own).
+    timeouts. ``request_timeout_s``: a request that receives no byte for this long fails as a
+    network error and is retried (the SDK's default, 3 s; it holds on Linux, where the SDK
+    applies it as a lowest transfer rate); ``connect_timeout_s``: the same for opening a
+    connection (the SDK's default, 1 s).
     """
 
     endpoint_url: str | None = None
