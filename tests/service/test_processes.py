@@ -182,3 +182,16 @@ def test_a_script_without_a_main_guard_fails_with_the_fix_named_instead_of_hangi
     assert last.startswith("zephon_server.engine.errors.WorkerError"), last
     assert "exit code 1" in last
     assert 'if __name__ == "__main__":' in last
+
+
+def test_a_result_that_cannot_be_taken_in_fails_the_run_instead_of_stalling_it(
+    corpus_specs, monkeypatch
+):
+    def broken(results):
+        raise OSError("no room to track the result's blocks")
+
+    monkeypatch.setattr(shm, "register_results", broken)
+    pipe = make_pipeline(corpus_specs).batch(microbatch_size=4)
+    with pytest.raises(WorkerError) as info:
+        list(pipe.run(ExecutionConfig(runner="processes", workers=2)))
+    assert "cannot take in a worker's result: OSError: no room" in str(info.value)

@@ -134,19 +134,26 @@ class ProcessesRunner(PooledRunner):
         outer: Future[list[Any]] = Future()
         step = task.step
 
+        name = step.head.op_name if len(step.ops) == 1 else step.name
+
         def relay(f: Future[Any]) -> None:
-            exc = f.exception()
-            if exc is None:
-                result, seconds, storage = f.result()
-                step.timing.observe(seconds)
-                storage_stats().merge(storage)
-                shm.register_results(result)
-                outer.set_result(result)
-            elif isinstance(exc, BrokenProcessPool):
-                name = step.head.op_name if len(step.ops) == 1 else step.name
-                outer.set_exception(WorkerError(name, self._death_note(step.index)))
-            else:
-                outer.set_exception(exc)
+            # A callback that raised would leave ``outer`` pending and the run waiting for it.
+            try:
+                exc = f.exception()
+                if exc is None:
+                    result, seconds, storage = f.result()
+                    step.timing.observe(seconds)
+                    storage_stats().merge(storage)
+                    shm.register_results(result)
+                    outer.set_result(result)
+                elif isinstance(exc, BrokenProcessPool):
+                    outer.set_exception(WorkerError(name, self._death_note(step.index)))
+                else:
+                    outer.set_exception(exc)
+            except BaseException as failure:
+                if not outer.done():
+                    why = f"cannot take in a worker's result: {type(failure).__name__}: {failure}"
+                    outer.set_exception(WorkerError(name, why))
 
         inner.add_done_callback(relay)
         return outer
