@@ -1,0 +1,134 @@
+"""``render_chat`` against the reference: Hugging Face ``transformers``' ``apply_chat_template``.
+
+``render_chat`` promises the tokens a trainer gets from ``apply_chat_template(messages,
+tokenize=True)``, but renders each conversation from a traced skeleton of its template, with
+its own sandboxed Jinja environment. Here both run on the same records, and the ids must be
+equal, record for record: Qwen3's real tokenizer and template (plain, with system prompts,
+reasoning, tool calls and tool definitions) and three template layouts on a tokenizer trained
+on the spot, plus records chosen to be awkward (non-ASCII and non-NFC text, empty and
+whitespace-only turns, a special token's text inside a message). ``transformers`` is a test
+dependency only (pyproject's ``dev`` extra), pinned so that the reference does not move
+under the suite.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import transformers
+
+from tests.support.chat_helpers import chat_tokenizer
+from tests.support.chat_helpers import render_rows as render
+from zephon_server.engine.chat_corpus import generate_conversations
+from zephon_server.engine.ops.render_chat import RenderChat
+from zephon_server.engine.records import SampleRecord
+
+pytestmark = pytest.mark.timeout(300)
+
+QWEN3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+]
+AWKWARD = [
+    "Grüße aus Köln, 日本語のテキスト, emoji 🌍🚀 and a ligature ﬁ",
+    "e\u0301 and A\u030a: combining marks that NFC composes",
+    "",
+    "   \n\n  \t",
+    "a literal <|im_end|> and <|im_start|>user inside a message",
+    "line one\n\n\nline four\r\nand a carriage return",
+    " leading and trailing spaces ",
+]
+
+
+def reference(path: Path, **overrides: Any) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(str(path), **overrides)
+
+
+def hf_ids(tok: Any, record: dict[str, Any]) -> list[int]:
+    """``apply_chat_template``'s ids for a record, its contents read as ``render_chat`` reads
+    them (a null content, beside tool calls, is the empty content)."""
+    messages = copy.deepcopy(record["messages"])
+    for message in messages:
+        if message.get("content") is None:
+            message["content"] = ""
+    extra = {"tools": record["tools"]} if "tools" in record else {}
+    out = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=False, **extra)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def assert_same_ids(op: RenderChat, tok: Any, records: list[dict[str, Any]]) -> None:
+    outputs = render(op, [json.dumps(r).encode() for r in records])
+    differing = []
+    for i, (record, out) in enumerate(zip(records, outputs)):
+        assert type(out) is SampleRecord and not out.meta.tombstone, (i, record)
+        if out.payload["input_ids"].tolist() != hf_ids(tok, record):
+            differing.append(i)
+    assert not differing, f"{len(differing)} of {len(records)} differ, first {differing[:5]}"
+
+
+def awkward_records(system: bool = True) -> list[dict[str, Any]]:
+    """One exchange per awkward text, as the question and as the answer (the answer of an
+    empty text is followed by a worded one, so something is trained)."""
+    out = []
+    for text in AWKWARD:
+        messages = [{"role": "system", "content": "Be brief."}] if system else []
+        messages += [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "And again?"},
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "Thanks."},
+            {"role": "assistant", "content": "You are welcome."},
+        ]
+        out.append({"messages": messages})
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> tuple[RenderChat, Any]:
+    if not (QWEN3 / "tokenizer.json").exists():
+        pytest.fail(f"{QWEN3} is missing: run `bash tools/fetch-tokenizers.sh build/tokenizers`")
+    return RenderChat(tokenizer=str(QWEN3 / "tokenizer.json")), reference(QWEN3)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"reasoning_words": 30}, {"tool_calls": True}],
+    ids=["plain", "reasoning", "tool-calls"],
+)
+def test_qwen3_ids_equal_apply_chat_template(qwen3, options):
+    op, tok = qwen3
+    records = generate_conversations(240, seed=17, mean_words=30, **options)
+    if options.get("tool_calls"):
+        for record in records[::2]:
+            record["tools"] = TOOLS
+    assert_same_ids(op, tok, records)
+
+
+def test_qwen3_awkward_records_equal_apply_chat_template(qwen3):
+    op, tok = qwen3
+    assert_same_ids(op, tok, awkward_records())
+
+
+@pytest.mark.parametrize("fmt", ["chatml", "headers", "inst"])
+def test_template_layouts_on_a_trained_tokenizer_equal_apply_chat_template(tmp_path, fmt):
+    # The Mistral layout raises unless roles alternate user/assistant: no system prompts.
+    path = chat_tokenizer(tmp_path / fmt, fmt, **({"bos_token": "<s>"} if fmt == "inst" else {}))
+    records = generate_conversations(200, seed=23, mean_words=25) + awkward_records(
+        system=fmt != "inst"
+    )
+    if fmt == "inst":
+        for record in records:
+            record["messages"] = [m for m in record["messages"] if m["role"] != "system"]
+    assert_same_ids(RenderChat(tokenizer=path), reference(tmp_path / fmt), records)
