@@ -6,7 +6,9 @@ its own sandboxed Jinja environment. Here both run on the same records, and the 
 equal, record for record: Qwen3's real tokenizer and template (plain, with system prompts,
 reasoning, tool calls and tool definitions) and three template layouts on a tokenizer trained
 on the spot, plus records chosen to be awkward (non-ASCII and non-NFC text, empty and
-whitespace-only turns, a special token's text inside a message). ``transformers`` is a test
+whitespace-only turns, a special token's text inside a message). The loss masks too, where
+Hugging Face computes them: a template whose ``{% generation %}`` blocks hold what an
+assistant turn trains gives ``assistant_masks`` equal to ``loss_mask``. ``transformers`` is a test
 dependency only (pyproject's ``dev`` extra), pinned so that the reference does not move
 under the suite.
 """
@@ -132,3 +134,31 @@ def test_template_layouts_on_a_trained_tokenizer_equal_apply_chat_template(tmp_p
         for record in records:
             record["messages"] = [m for m in record["messages"] if m["role"] != "system"]
     assert_same_ids(RenderChat(tokenizer=path), reference(tmp_path / fmt), records)
+
+
+#: ChatML with Hugging Face's ``{% generation %}`` blocks around what an assistant turn trains
+#: (its content and ``<|im_end|>``): ``apply_chat_template(return_assistant_tokens_mask=True)``
+#: then computes the mask ``render_chat`` derives from its turn-by-turn rendering.
+CHATML_GENERATION = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_loss_masks_equal_the_assistant_masks_of_generation_blocks(tmp_path):
+    path = chat_tokenizer(tmp_path, "chatml", chat_template=CHATML_GENERATION)
+    tok = reference(tmp_path)
+    records = generate_conversations(200, seed=29, mean_words=25) + awkward_records()
+    outputs = render(RenderChat(tokenizer=path), [json.dumps(r).encode() for r in records])
+    differing = []
+    for i, (record, out) in enumerate(zip(records, outputs)):
+        ref = tok.apply_chat_template(
+            record["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        ours = (out.payload["input_ids"].tolist(), out.payload["loss_mask"].tolist())
+        if ours != (list(ref["input_ids"]), list(ref["assistant_masks"])):
+            differing.append(i)
+    assert not differing, f"{len(differing)} of {len(records)} differ, first {differing[:5]}"
