@@ -6,7 +6,8 @@ its own sandboxed Jinja environment. Here both run on the same records, and the 
 equal, record for record: Qwen3's real tokenizer and template (plain, with system prompts,
 reasoning, tool calls and tool definitions) and three template layouts on a tokenizer trained
 on the spot, plus records chosen to be awkward (non-ASCII and non-NFC text, empty and
-whitespace-only turns, a special token's text inside a message). The loss masks too, where
+whitespace-only turns, a special token's text inside a message), named templates (``tool_use``) and
+``tojson``. The loss masks too, where
 Hugging Face computes them: a template whose ``{% generation %}`` blocks hold what an
 assistant turn trains gives ``assistant_masks`` equal to ``loss_mask``. ``transformers`` is a test
 dependency only (pyproject's ``dev`` extra), pinned so that the reference does not move
@@ -162,3 +163,29 @@ def test_loss_masks_equal_the_assistant_masks_of_generation_blocks(tmp_path):
         if ours != (list(ref["input_ids"]), list(ref["assistant_masks"])):
             differing.append(i)
     assert not differing, f"{len(differing)} of {len(records)} differ, first {differing[:5]}"
+
+
+def test_named_templates_and_tojson_equal_apply_chat_template(tmp_path):
+    # A tokenizer config with named templates: records with tools render by "tool_use" (which
+    # writes the definitions with tojson, non-ASCII included), the others by "default".
+    tool_use = (
+        "{% if tools %}{{ '<|im_start|>system\\nTools: ' + (tools | tojson) + '<|im_end|>\\n' }}"
+        "{% endif %}" + CHATML_GENERATION
+    )
+    named = [
+        {"name": "default", "template": CHATML_GENERATION},
+        {"name": "tool_use", "template": tool_use},
+    ]
+    path = chat_tokenizer(tmp_path, "chatml", chat_template=named)
+    unusual = copy.deepcopy(TOOLS)
+    unusual[0]["function"]["description"] = 'Schlägt "Wörter" nach: <tab>\t und 🌍'
+    records = generate_conversations(60, seed=31, mean_words=20)
+    for i, record in enumerate(records):
+        if i % 3 == 1:
+            record["tools"] = TOOLS
+        elif i % 3 == 2:
+            record["tools"] = unusual
+    tok = reference(tmp_path)
+    assert_same_ids(RenderChat(tokenizer=path), tok, records)
+    shown = [tok.decode(hf_ids(tok, record)) for record in records[:3]]
+    assert "Tools: " not in shown[0] and "Tools: [" in shown[1] and "Schlägt" in shown[2]
