@@ -6,12 +6,11 @@ its own sandboxed Jinja environment. Here both run on the same records, and the 
 equal, record for record: Qwen3's real tokenizer and template (plain, with system prompts,
 reasoning, tool calls and tool definitions) and three template layouts on a tokenizer trained
 on the spot, plus records chosen to be awkward (non-ASCII and non-NFC text, empty and
-whitespace-only turns, a special token's text inside a message), named templates (``tool_use``) and
-``tojson``. The loss masks too, where
-Hugging Face computes them: a template whose ``{% generation %}`` blocks hold what an
-assistant turn trains gives ``assistant_masks`` equal to ``loss_mask``. ``transformers`` is a test
-dependency only (pyproject's ``dev`` extra), pinned so that the reference does not move
-under the suite.
+whitespace-only turns, a special token's text inside a message), named templates
+(``tool_use``) and ``tojson``. The loss masks too, where Hugging Face computes them: a
+template whose ``{% generation %}`` blocks hold what an assistant turn trains gives
+``assistant_masks`` equal to ``loss_mask``. ``transformers`` is a test dependency only
+(pyproject's ``dev`` extra), pinned so that the reference does not move under the suite.
 """
 
 from __future__ import annotations
