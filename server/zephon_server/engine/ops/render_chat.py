@@ -71,6 +71,13 @@ FIXES = {
 }
 
 
+#: Raised when the same record and options render or train differently than before, so that
+#: the fingerprint refuses a checkpoint taken by the earlier rule. 2: an assistant turn whose
+#: empty content the template leaves out (tool calls under Qwen2.5's or Llama 3.2's template)
+#: is trained from the generation prompt, where it was a chat_error.
+LAYOUT_VERSION = 2
+
+
 class RecordProblem(Exception):
     """One record's problem: a tombstone reason and the text for the error message."""
 
@@ -227,6 +234,7 @@ class RenderChat(Operator):
             "tools_field": self.tools_field,
             "weight_field": self.weight_field,
             "template_kwargs": self.template_kwargs,
+            "layout": LAYOUT_VERSION,
         }
 
     def describe(self) -> str:
