@@ -265,3 +265,20 @@ def test_a_worded_content_the_template_leaves_out_is_an_error_naming_the_fix():
     }
     with pytest.raises(DataError, match=r"write only the calls.*give such turns an empty content"):
         render(op, [record])
+
+
+@pytest.mark.parametrize("reasoning", ["\n\n", "\n"])
+def test_a_reasoning_the_template_strips_to_nothing_trains_the_empty_think_block(qwen3, reasoning):
+    # Qwen3's template writes `reasoning.strip("\n")` in the think block: a reasoning of
+    # newlines only is written as nothing. It was a chat_error ("cannot be attributed").
+    op, tok = qwen3
+    record = {
+        "messages": [
+            {"role": "user", "content": "Q?"},
+            {"role": "assistant", "content": "A.", "reasoning_content": reasoning},
+        ]
+    }
+    (out,) = render(op, [record])
+    assert out.payload["input_ids"].tolist() == hf_ids(tok, record)
+    trained = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
+    assert trained == ["<think>\n\n</think>\n\nA.<|im_end|>"]

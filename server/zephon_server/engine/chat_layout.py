@@ -373,7 +373,7 @@ def _reasoning_starts(
             unwritten = i if unwritten is None else unwritten
             continue
         opening = _render_prompt(template, messages[:i])
-        if not full.startswith(opening) or not len(opening) <= at[0] < at[1] <= contents[i][0]:
+        if not full.startswith(opening) or not len(opening) <= at[0] <= at[1] <= contents[i][0]:
             raise _misplaced_reasoning(messages, i, field)
         starts[i] = len(opening)
     return starts, unwritten
@@ -406,7 +406,7 @@ def _skeleton_starts(
         gap = skeleton.opening(i)
         if gap is None:
             return None
-        if not (gap <= at[0] < at[1] <= placed[i][0]):
+        if not (gap <= at[0] <= at[1] <= placed[i][0]):
             raise _misplaced_reasoning(messages, i, field)
         starts[i] = at[0] - gap
     return starts, unwritten

@@ -74,8 +74,9 @@ FIXES = {
 #: Raised when the same record and options render or train differently than before, so that
 #: the fingerprint refuses a checkpoint taken by the earlier rule. 2: an assistant turn whose
 #: empty content the template leaves out (tool calls under Qwen2.5's or Llama 3.2's template)
-#: is trained from the generation prompt, where it was a chat_error.
-LAYOUT_VERSION = 2
+#: is trained from the generation prompt, where it was a chat_error. 3: so is a turn whose
+#: reasoning the template strips to nothing (a reasoning of newlines under Qwen3's).
+LAYOUT_VERSION = 3
 
 
 class RecordProblem(Exception):
