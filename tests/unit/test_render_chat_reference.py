@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,63 @@ def test_a_reasoning_the_template_strips_to_nothing_trains_the_empty_think_block
     assert out.payload["input_ids"].tolist() == hf_ids(tok, record)
     trained = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
     assert trained == ["<think>\n\n</think>\n\nA.<|im_end|>"]
+
+
+PIECES = [
+    "alpha", "Köln", "日本", "🌍", 'quote"', "back\\slash", "new\nline", "tab\t", "{brace}",
+    "<tag>", "'", "", "\n\n", "e\u0301", "ﬁ",
+]  # fmt: skip
+
+
+def random_records(n: int, seed: int, reasoning: bool) -> list[dict[str, Any]]:
+    """OpenAI-format function-calling records varied as real ones are: system prompt or not,
+    one to three calls per turn with mapping or JSON-string arguments, ids or not, a ``name``
+    on some tool turns, empty / null / worded contents beside calls, some reasoning, tool
+    definitions on most records."""
+    rng = random.Random(seed)
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(PIECES) for _ in range(rng.randint(lo, hi)))
+
+    def turn(role: str, content: str | None) -> dict[str, Any]:
+        message = {"role": role, "content": content}
+        if reasoning and role == "assistant" and rng.random() < 0.3:
+            message["reasoning_content"] = text(1, 6)
+        return message
+
+    records = []
+    for _ in range(n):
+        messages = [turn("system", text(1, 6))] if rng.random() < 0.5 else []
+        for _ in range(rng.randint(1, 3)):
+            messages.append(turn("user", text(1, 8)))
+            if rng.random() < 0.6:
+                calls = []
+                for _ in range(rng.randint(1, 3)):
+                    args: Any = {"q": text(1, 4)}
+                    if rng.random() < 0.5:
+                        args = json.dumps(args, ensure_ascii=False)
+                    function = {"name": rng.choice(["lookup", "calc"]), "arguments": args}
+                    calls.append({"type": "function", "function": function})
+                    if rng.random() < 0.5:
+                        calls[-1]["id"] = f"call_{rng.randint(0, 999)}"
+                messages.append(
+                    {**turn("assistant", rng.choice(["", None, text(1, 5)])), "tool_calls": calls}
+                )
+                for c in calls:
+                    answer = turn("tool", text(1, 6))
+                    if "id" in c:
+                        answer["tool_call_id"] = c["id"]
+                    if rng.random() < 0.3:
+                        answer["name"] = c["function"]["name"]
+                    messages.append(answer)
+            messages.append(turn("assistant", text(1, 8)))
+        record: dict[str, Any] = {"messages": messages}
+        if rng.random() < 0.6:
+            record["tools"] = TOOLS
+        records.append(record)
+    return records
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen2_5"])
+def test_random_function_calling_records_equal_apply_chat_template(name):
+    assert_same_ids(*real(name), random_records(150, seed=41, reasoning=name == "qwen3"))
