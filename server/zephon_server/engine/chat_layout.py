@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from .chat_skeleton import Misplaced, Skeleton, Skeletons, cut, place
-from .chat_slots import reasoning_slots
+from .chat_slots import droppable, reasoning_slots
 from .chat_template import ChatTemplate, ChatTemplateError
 from .chat_trace import MARKER, stand_in
 from .chat_trace import marker as _marker
@@ -172,7 +172,7 @@ def _content_ranges(
             for i, m in enumerate(messages)
         ],
     )
-    unwritten = [i for i in indices if _unwritten_empty(messages[i]) and _marker(i) not in probe]
+    unwritten = [i for i in indices if droppable(messages[i]) and _marker(i) not in probe]
     written = [i for i in indices if i not in unwritten]
     try:
         ranges = place(cut(probe, written), [messages[i]["content"] for i in written], full)
@@ -183,13 +183,6 @@ def _content_ranges(
         start = len(_opening(template, messages, i, full))
         found[i] = (start, start)
     return found
-
-
-def _unwritten_empty(message: Mapping[str, Any]) -> bool:
-    """Whether ``message`` is an assistant turn whose content is empty: a template may leave
-    such a content out altogether (Qwen2.5's and Llama 3.2's tool-call turns write only the
-    calls), and the turn is then found from the generation prompt (:func:`_opening`)."""
-    return message["role"] == "assistant" and message["content"] == ""
 
 
 def _opening(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int, full: str) -> str:
@@ -248,7 +241,7 @@ def _close(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int) -
     at = probe.find(MARKER)
     if at >= 0:
         return probe[at + len(MARKER) :]
-    if _unwritten_empty(message):  # the turn's text after the generation prompt
+    if droppable(message):  # the turn's text after the generation prompt
         return probe[len(_opening(template, messages[:i], i, probe)) :]
     raise ChatError(f"message {i}: the chat template does not write the content")
 
@@ -301,11 +294,12 @@ def layout_chat(
     indices = trained_indices(messages, train_on, weight)
     if skeleton is not None and placed is not None:
         last = len(messages) - 1
+        contents = _skeleton_contents(skeleton, indices, placed)
         closes = {i: skeleton.closing(i, placed, full) for i in indices if i != last}
         starts = _skeleton_starts(skeleton, messages, indices, placed, reasoning)
-        if None not in closes.values() and starts is not None:
+        if contents is not None and None not in closes.values() and starts is not None:
             found = cast(dict[int, str], closes)  # no None among them
-            return _layout(messages, indices, full, placed, found.__getitem__, starts)
+            return _layout(messages, indices, full, contents, found.__getitem__, starts)
     contents = _content_ranges(template, messages, indices, full)
     close = functools.partial(_close, template, messages)
     starts = _reasoning_starts(template, messages, indices, full, contents, reasoning)
@@ -379,6 +373,26 @@ def _reasoning_starts(
     return starts, unwritten
 
 
+def _skeleton_contents(
+    skeleton: Skeleton, indices: list[int], placed: Sequence[Any]
+) -> Mapping[int, tuple[int, int]] | Sequence[tuple[int, int]] | None:
+    """Each trained content's range from a skeleton's slots; a content the template leaves
+    out is empty where its turn starts (:meth:`.Skeleton.turn_start`). None when the skeleton
+    cannot tell (then the conversation takes the renderings)."""
+    if not skeleton.left_out:
+        return placed
+    contents: dict[int, tuple[int, int]] = {}
+    for i in indices:
+        if i in skeleton.left_out:
+            start = skeleton.turn_start(i, placed)
+            if start is None:
+                return None
+            contents[i] = (start, start)
+        else:
+            contents[i] = placed[i]
+    return contents
+
+
 def _skeleton_starts(
     skeleton: Skeleton,
     messages: Sequence[dict[str, Any]],
@@ -399,6 +413,8 @@ def _skeleton_starts(
     for i in indices:
         if i not in skeleton.slots:
             continue
+        if placed[i] is None:
+            return None  # a reasoning beside a content the template leaves out: render
         at = placed[n + i]
         if at is None:
             unwritten = i if unwritten is None else unwritten

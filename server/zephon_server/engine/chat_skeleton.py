@@ -32,6 +32,7 @@ from typing import Any
 
 from . import chat_budget
 from .chat_slots import (
+    droppable,
     reasoning_slots,
     shape_chars,
     shape_of,
@@ -77,6 +78,10 @@ class Skeleton:
         #: The slots in the order written; None for the contents alone, in order.
         self.order = None if order == list(range(len(messages))) else tuple(order)
         self._contents = range(len(messages))
+        #: The contents the template leaves out (empty ones of assistant turns,
+        #: :func:`.chat_slots.droppable`): their turns start where the generation prompt ends.
+        self.left_out = frozenset(self._contents) - set(order)
+        self._starts: dict[int, tuple[int, int] | None] = {}
         #: The questions the template asks of the slots; None: every conversation of the
         #: shape is rendered (not traced yet, or the template does what a trace cannot follow).
         self.checks: tuple[Check, ...] | None = None
@@ -93,10 +98,14 @@ class Skeleton:
         if i not in self._closes:
             probe = _render(self._template, self._shape[: i + 1])
             at = -1 if probe is None else probe.find(marker(i))
+            if probe is not None and at < 0 and i in self.left_out:
+                at, anchor = self._prompt_in(probe, i)  # the turn follows the prompt
+            else:
+                anchor = len(marker(i))
             if probe is None or at < 0:
                 self._closes[i] = None
             else:
-                tail = probe[at + len(marker(i)) :]
+                tail = probe[at + anchor :]
                 slots = list(map(slot_of, MARKED.findall(tail)))
                 tools = 2 * len(self._contents)  # a later content or reasoning: cannot tell
                 self._closes[i] = (
@@ -128,6 +137,44 @@ class Skeleton:
         if i not in self._openings:
             self._openings[i] = self._learn_opening(i)
         return self._openings[i]
+
+    def turn_start(self, i: int, placed: Sequence[Any]) -> int | None:
+        """Where turn ``i``, whose content the template leaves out, starts in a conversation
+        of the shape whose slots are ``placed``: where the generation prompt before it ends
+        (learned once per shape: the conversation before message ``i`` rendered with the
+        generation prompt must be this skeleton up to there); None when it is not."""
+        if i not in self._starts:
+            self._starts[i] = self._learn_start(i)
+        found = self._starts[i]
+        if found is None:
+            return None
+        k, into = found  # the prompt ends ``into`` characters into piece k
+        order = self.order or self._contents
+        return (placed[order[k - 1]][1] if k else 0) + into
+
+    def _learn_start(self, i: int) -> tuple[int, int] | None:
+        order = self.order or self._contents
+        probe = "".join(p + marker(o) for p, o in zip(self.pieces, order)) + self.pieces[-1]
+        at, length = self._prompt_in(probe, i)
+        if at < 0:
+            return None
+        end, pos = at + length, 0
+        for k, piece in enumerate(self.pieces):
+            if end <= pos + len(piece):
+                return k, end - pos
+            pos += len(piece) + (len(marker(order[k])) if k < len(order) else 0)
+            if end < pos:
+                return None  # the prompt ends inside a marker
+        return None
+
+    def _prompt_in(self, probe: str, i: int) -> tuple[int, int]:
+        """(0, its length) when ``probe`` starts with the conversation before message ``i``
+        rendered with the generation prompt, markers in place; (-1, 0) otherwise."""
+        try:
+            prompt = self._template.render(self._shape[:i], generation_prompt=True)
+        except ChatTemplateError:
+            return -1, 0
+        return (0, len(prompt)) if probe.startswith(prompt) else (-1, 0)
 
     def _learn_opening(self, i: int) -> int | None:
         order = self.order or self._contents
@@ -313,8 +360,9 @@ def _build(
         return None
     n = len(messages)
     optional = [n + j for j in slots] + list(range(2 * n, 2 * n + len(tool_texts(messages))))
+    dropped = [j for j, m in enumerate(messages) if droppable(m)]
     try:
-        cut_at = cut_slots(probe, n, optional)
+        cut_at = cut_slots(probe, n, optional, dropped)
     except Misplaced:
         return None
     return Skeleton(template, messages, cut_at, field)
@@ -355,18 +403,23 @@ def cut(probe: str, ids: Sequence[int]) -> list[str]:
     return pieces
 
 
-def cut_slots(probe: str, n: int, optional: Sequence[int]) -> tuple[list[str], list[int]]:
+def cut_slots(
+    probe: str, n: int, optional: Sequence[int], dropped: Sequence[int] = ()
+) -> tuple[list[str], list[int]]:
     """``probe``, a rendering with the ``n`` contents and the ``optional`` slots (reasoning,
     tool texts) replaced by their markers, cut at the markers it holds: the pieces and the
-    slots in the order written. Every content must be written once, in order; an optional
-    slot once or not at all (raises :class:`Misplaced`)."""
-    if not optional:
+    slots in the order written. Every content must be written once, in order, but the
+    ``dropped`` ones (:func:`.chat_slots.droppable`), which may be left out; an optional slot
+    once or not at all (raises :class:`Misplaced`)."""
+    if not optional and not dropped:
         return cut(probe, range(n)), list(range(n))
     allowed = set(optional)
     order = [slot_of(m.group()) for m in MARKED.finditer(probe)]
     if any(slot >= n and slot not in allowed for slot in order):
         raise Misplaced(n, "marker")  # a marker of no slot of this conversation
-    if [slot for slot in order if slot < n] != list(range(n)):
+    contents = [slot for slot in order if slot < n]
+    left_out = set(dropped) - set(contents)
+    if contents != [j for j in range(n) if j not in left_out]:
         raise Misplaced(n, "marker")  # a content missing, repeated or out of order
     return cut(probe, order), order  # cut checks that each slot is written once
 

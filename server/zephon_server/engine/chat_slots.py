@@ -87,6 +87,13 @@ def reasoning_slots(messages: Sequence[dict[str, Any]], field: str | None) -> tu
     return tuple(j for j, m in enumerate(messages) if len(m) > 2 and is_slot(m.get(field)))
 
 
+def droppable(message: dict[str, Any]) -> bool:
+    """Whether a template may leave message's content slot out altogether: an assistant
+    turn's empty content (Qwen2.5's and Llama 3.2's tool-call turns write only the calls). Its
+    turn is then found from the generation prompt (:mod:`.chat_layout`)."""
+    return message["role"] == "assistant" and message["content"] == ""
+
+
 def is_slot(value: Any) -> bool:
     """Whether a reasoning or tool text is a slot: a non-empty string."""
     return type(value) is str and value != ""
