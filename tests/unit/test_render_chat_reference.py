@@ -343,3 +343,24 @@ def random_records(n: int, seed: int, reasoning: bool) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", ["qwen3", "qwen2_5"])
 def test_random_function_calling_records_equal_apply_chat_template(name):
     assert_same_ids(*real(name), random_records(150, seed=41, reasoning=name == "qwen3"))
+
+
+def test_a_left_out_empty_content_whose_turn_does_not_follow_the_prompt_is_a_chat_error(tmp_path):
+    # A template that leaves an empty content out and writes the turn other than after its
+    # generation prompt: the turn cannot be found, and the record is an error saying so.
+    odd = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.content %}{{ m.content }}{% else %}(empty){% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\nReply: {% endif %}"
+    )
+    op = RenderChat(tokenizer=chat_tokenizer(tmp_path, "chatml", chat_template=odd))
+    record = {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Again"},
+            {"role": "assistant", "content": ""},
+        ]
+    }
+    with pytest.raises(DataError, match="leaves out its empty content and does not write the turn"):
+        render(op, [record])

@@ -242,7 +242,7 @@ def _close(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int) -
     if at >= 0:
         return probe[at + len(MARKER) :]
     if droppable(message):  # the turn's text after the generation prompt
-        return probe[len(_opening(template, messages[:i], i, probe)) :]
+        return probe[len(_opening(template, messages, i, probe)) :]
     raise ChatError(f"message {i}: the chat template does not write the content")
 
 
