@@ -202,6 +202,32 @@ def test_prompt_completion_trains_completion_and_eos(tok_dirs):
     assert trained_runs(no_eos, out.payload["input_ids"], out.payload["loss_mask"]) == [" yes"]
 
 
+def test_conversational_prompt_completion_trains_only_the_completions_turns(tok_dirs):
+    # TRL's conversational prompt/completion: both fields are lists of messages. The record is
+    # one conversation; its prompt (a few-shot exchange included) is never trained.
+    prompt = [
+        {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "3 + 3?"},
+    ]
+    completion = [{"role": "assistant", "content": "6"}]
+    record = {"prompt": prompt, "completion": completion}
+    for options in ({}, {"system_prompt": "Be exact."}, {"train_on": "all"}):
+        op = RenderChat(tokenizer=tok_dirs["chatml"], **options)
+        (out,) = render(op, [record])
+        (plain,) = render(op, [{"messages": prompt + completion}])
+        ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+        assert ids.tolist() == plain.payload["input_ids"].tolist()
+        assert trained_runs(op, ids, mask) == ["6<|im_end|>"], options
+
+
+def test_a_prompt_and_completion_of_different_kinds_is_a_chat_error(tok_dirs):
+    op = RenderChat(tokenizer=tok_dirs["chatml"])
+    record = {"prompt": [{"role": "user", "content": "Hi"}], "completion": "Hello"}
+    with pytest.raises(DataError, match="both strings, or both lists of messages"):
+        render(op, [record])
+
+
 def test_token_mask_overlap_rule():
     offsets = np.array([[0, 3], [3, 5], [5, 5], [5, 9]])
     assert token_mask(offsets, ((4, 6),)).tolist() == [0, 1, 1, 1]

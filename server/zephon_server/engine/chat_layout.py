@@ -265,6 +265,7 @@ def layout_chat(
     reasoning: str | None = None,
     tools: list[Any] | None = None,
     weight: str | None = None,
+    first_trained: int = 0,
 ) -> ChatLayout:
     """Render ``messages`` and find the trained character ranges (module docstring).
 
@@ -275,7 +276,8 @@ def layout_chat(
     that the template writes is trained too (:func:`_reasoning_starts`). ``tools``: the
     record's tool definitions, which every rendering sees (templates such as Qwen3's write them
     in the system turn; untrained, as everything a template writes but the trained turns).
-    ``weight``: the message field whose 0 keeps a turn untrained (:func:`trained_indices`)."""
+    ``weight``: the message field whose 0 keeps a turn untrained (:func:`trained_indices`);
+    ``first_trained``: no message before it is trained (a conversational prompt's)."""
     template = template.with_tools(tools)
     if reasoning is not None:
         for i, message in enumerate(messages):
@@ -291,7 +293,7 @@ def layout_chat(
         placed = skeleton.place(messages, full) if skeleton is not None else None
     if MARKER in full:
         raise ChatError("the conversation contains Zephon's private content marker")
-    indices = trained_indices(messages, train_on, weight)
+    indices = [i for i in trained_indices(messages, train_on, weight) if i >= first_trained]
     if skeleton is not None and placed is not None:
         last = len(messages) - 1
         contents = _skeleton_contents(skeleton, indices, placed)

@@ -11,7 +11,10 @@ record itself: a JSONL line (or a Parquet value holding JSON, or a list of messa
   contents and ends of turn);
 * or ``prompt`` and ``completion`` strings (names configurable): the text ``prompt +
   completion``, trained on the completion, then the EOS token (trained) when
-  ``completion_eos`` is on and the tokenizer has one.
+  ``completion_eos`` is on and the tokenizer has one;
+* or ``prompt`` and ``completion`` lists of messages (TRL's conversational prompt/completion):
+  one conversation, ``prompt + completion``, rendered as above, whose prompt messages are
+  never trained (``train_on`` chooses among the completion's).
 
 The rendered text is tokenized once; a token is trained (mask 1) when its UTF-8 bytes overlap
 a trained range (:mod:`..token_masks`, a micro-batch at once). ``max_length`` keeps the
@@ -75,8 +78,10 @@ FIXES = {
 #: the fingerprint refuses a checkpoint taken by the earlier rule. 2: an assistant turn whose
 #: empty content the template leaves out (tool calls under Qwen2.5's or Llama 3.2's template)
 #: is trained from the generation prompt, where it was a chat_error. 3: so is a turn whose
-#: reasoning the template strips to nothing (a reasoning of newlines under Qwen3's).
-LAYOUT_VERSION = 3
+#: reasoning the template strips to nothing (a reasoning of newlines under Qwen3's). 4: a
+#: conversational prompt/completion record (two lists of messages) renders, where it was a
+#: chat_error.
+LAYOUT_VERSION = 4
 
 
 class RecordProblem(Exception):
@@ -251,6 +256,8 @@ class RenderChat(Operator):
         obj = _record_object(payload)
         if isinstance(obj, dict) and self.messages_field not in obj:
             prompt, completion = obj.get(self.prompt_field), obj.get(self.completion_field)
+            if isinstance(prompt, list) and isinstance(completion, list):
+                return self._chat(obj, prompt + completion, self.prompt_field, len(prompt))
             if prompt is not None or completion is not None:
                 return self._prompt_completion(prompt, completion)
             raise RecordProblem(
@@ -259,8 +266,13 @@ class RenderChat(Operator):
                 f"{self.prompt_field!r}/{self.completion_field!r}; fields: {sorted(obj)[:8]})",
             )
         value = obj[self.messages_field] if isinstance(obj, dict) else obj
+        return self._chat(obj, value, self.messages_field)
+
+    def _chat(self, obj: Any, value: Any, field: str, first_trained: int = 0) -> Rendered:
+        """A conversation rendered and laid out; no message before ``first_trained`` (a
+        conversational prompt's) is trained."""
         try:
-            messages = check_messages(value, self.messages_field, self.max_messages)
+            messages = check_messages(value, field, self.max_messages)
             tools = (
                 check_tools(obj.get(self.tools_field), self.tools_field)
                 if isinstance(obj, dict)
@@ -268,6 +280,8 @@ class RenderChat(Operator):
             )
             if self.system_prompt is not None and messages[0]["role"] != "system":
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
+                if first_trained:
+                    first_trained += 1  # the prompt starts with it
             reasoning = self.reasoning_field if self.train_reasoning else None
             layout = layout_chat(
                 self.chat_template,
@@ -277,6 +291,7 @@ class RenderChat(Operator):
                 reasoning,
                 tools,
                 self.weight_field,
+                first_trained,
             )
         except ChatError as exc:
             raise RecordProblem(CHAT_ERROR, str(exc)) from exc
@@ -286,7 +301,9 @@ class RenderChat(Operator):
         for name, value in ((self.prompt_field, prompt), (self.completion_field, completion)):
             if not isinstance(value, str):
                 raise RecordProblem(
-                    CHAT_ERROR, f"field {name!r} must be a string, got {type(value).__name__}"
+                    CHAT_ERROR,
+                    f"field {name!r} must be a string, got {type(value).__name__} (a prompt "
+                    "and a completion are both strings, or both lists of messages)",
                 )
         start = len(prompt)
         trained = ((start, start + len(completion)),) if completion else ()
