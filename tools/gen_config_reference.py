@@ -197,6 +197,12 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "weight_field": "Field of a message whose 0 keeps that turn untrained whatever "
         "`train_on` says (the OpenAI fine-tuning format's `weight`); 1, null or missing: as "
         "`train_on` says; anything else is a `chat_error`.",
+        "role_key": "Key of a message's role in the corpus (ShareGPT: `from`); renamed to "
+        "`role` for the template.",
+        "content_key": "Key of a message's content in the corpus (ShareGPT: `value`); renamed "
+        "to `content` for the template.",
+        "role_names": "The corpus's role names mapped to the template's (ShareGPT: `{system: "
+        "system, human: user, gpt: assistant}`); a role not named is kept. Unset: none.",
         "template_kwargs": "Extra variables for the template, as the keyword arguments of "
         "Hugging Face's `apply_chat_template` (e.g. `{enable_thinking: false}`); not "
         "`messages`, `tools`, `documents` or `add_generation_prompt`.",

@@ -12,6 +12,8 @@ record itself: a JSONL line (or a Parquet value holding JSON, or a list of messa
 * or ``prompt`` and ``completion`` strings (names configurable): the text ``prompt +
   completion``, trained on the completion, then the EOS token (trained) when
   ``completion_eos`` is on and the tokenizer has one;
+* messages in another convention (ShareGPT's ``{"from": "human", "value": ...}``) with
+  ``role_key``, ``content_key`` and ``role_names`` (:mod:`..chat_keys`);
 * or ``prompt`` and ``completion`` lists of messages (TRL's conversational prompt/completion):
   one conversation, ``prompt + completion``, rendered as above, whose prompt messages are
   never trained (``train_on`` chooses among the completion's).
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ..chat_keys import Keys, renamed
 from ..chat_layout import TRAIN_ON, ChatError, check_messages, check_tools, layout_chat
 from ..chat_skeleton import Skeletons
 from ..chat_slots import TOOL_FIELDS
@@ -151,10 +154,14 @@ class RenderChat(Operator):
         tools_field: str = "tools",
         weight_field: str = "weight",
         template_kwargs: dict[str, Any] | None = None,
+        role_key: str = "role",
+        content_key: str = "content",
+        role_names: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         _check_params(locals())
+        self.keys = Keys(role_key, content_key, role_names)
         self.tokenizer_spec = tokenizer
         self.messages_field = messages_field
         self.template_path = template
@@ -240,6 +247,7 @@ class RenderChat(Operator):
             "tools_field": self.tools_field,
             "weight_field": self.weight_field,
             "template_kwargs": self.template_kwargs,
+            **self.keys.params(),
             "layout": LAYOUT_VERSION,
         }
 
@@ -272,7 +280,7 @@ class RenderChat(Operator):
         """A conversation rendered and laid out; no message before ``first_trained`` (a
         conversational prompt's) is trained."""
         try:
-            messages = check_messages(value, field, self.max_messages)
+            messages = check_messages(renamed(value, field, self.keys), field, self.max_messages)
             tools = (
                 check_tools(obj.get(self.tools_field), self.tools_field)
                 if isinstance(obj, dict)
