@@ -265,7 +265,8 @@ class RenderChat(Operator):
         if isinstance(obj, dict) and self.messages_field not in obj:
             prompt, completion = obj.get(self.prompt_field), obj.get(self.completion_field)
             if isinstance(prompt, list) and isinstance(completion, list):
-                return self._chat(obj, prompt + completion, self.prompt_field, len(prompt))
+                both = f"{self.prompt_field}+{self.completion_field}"  # names message i of both
+                return self._chat(obj, prompt + completion, both, len(prompt))
             if prompt is not None or completion is not None:
                 return self._prompt_completion(prompt, completion)
             raise RecordProblem(
