@@ -9,7 +9,9 @@ on the spot, plus records chosen to be awkward (non-ASCII and non-NFC text, empt
 whitespace-only turns, a special token's text inside a message), named templates
 (``tool_use``) and ``tojson``. The loss masks too, where Hugging Face computes them: a
 template whose ``{% generation %}`` blocks hold what an assistant turn trains gives
-``assistant_masks`` equal to ``loss_mask``. ``transformers`` is a test dependency only
+``assistant_masks`` equal to ``loss_mask``. (Tool-calling records under Qwen2.5's and
+Llama 3.2's templates in bulk: tests/service/test_render_chat_reference.py, over a second
+of CPU.) ``transformers`` is a test dependency only
 (pyproject's ``dev`` extra), pinned so that the reference does not move under the suite.
 """
 
@@ -18,37 +20,28 @@ from __future__ import annotations
 import copy
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
-import transformers
 
 from tests.support.chat_helpers import chat_tokenizer, trained_runs
 from tests.support.chat_helpers import render_rows as render
+from tests.support.chat_reference import (
+    QWEN3,
+    TOOLS,
+    assert_same_ids,
+    hf_ids,
+    hf_messages,
+    real,
+    reference,
+)
 from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.errors import DataError
 from zephon_server.engine.ops.render_chat import RenderChat
-from zephon_server.engine.records import SampleRecord
 
 pytestmark = pytest.mark.timeout(300)
 
-REAL = Path(__file__).resolve().parents[2] / "build" / "tokenizers"
-QWEN3 = REAL / "qwen3"
-#: Llama 3's templates write the day they render on (``strftime_now``, which Hugging Face
-#: evaluates to today); ``render_chat`` writes its ``date`` option (default 2025-01-01).
-LLAMA_DATE = {"date_string": "01 Jan 2025"}
 HEADER = "<|im_start|>assistant\n"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look a word up",
-            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
-        },
-    }
-]
 AWKWARD = [
     "Grüße aus Köln, 日本語のテキスト, emoji 🌍🚀 and a ligature ﬁ",
     "e\u0301 and A\u030a: combining marks that NFC composes",
@@ -58,41 +51,6 @@ AWKWARD = [
     "line one\n\n\nline four\r\nand a carriage return",
     " leading and trailing spaces ",
 ]
-
-
-def reference(path: Path, **overrides: Any) -> Any:
-    return transformers.AutoTokenizer.from_pretrained(str(path), **overrides)
-
-
-def hf_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """A record's messages as ``render_chat`` reads them (a null content, beside tool calls,
-    is the empty content)."""
-    messages = copy.deepcopy(record["messages"])
-    for message in messages:
-        if message.get("content") is None:
-            message["content"] = ""
-    return messages
-
-
-def hf_ids(tok: Any, record: dict[str, Any], **variables: Any) -> list[int]:
-    """``apply_chat_template``'s ids for a record (``variables``: more template variables)."""
-    extra = {"tools": record["tools"]} if "tools" in record else {}
-    out = tok.apply_chat_template(
-        hf_messages(record), tokenize=True, add_generation_prompt=False, **extra, **variables
-    )
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
-
-
-def assert_same_ids(
-    op: RenderChat, tok: Any, records: list[dict[str, Any]], **variables: Any
-) -> None:
-    outputs = render(op, [json.dumps(r).encode() for r in records])
-    differing = []
-    for i, (record, out) in enumerate(zip(records, outputs)):
-        assert type(out) is SampleRecord and not out.meta.tombstone, (i, record)
-        if out.payload["input_ids"].tolist() != hf_ids(tok, record, **variables):
-            differing.append(i)
-    assert not differing, f"{len(differing)} of {len(records)} differ, first {differing[:5]}"
 
 
 def awkward_records(system: bool = True) -> list[dict[str, Any]]:
@@ -204,28 +162,6 @@ def test_named_templates_and_tojson_equal_apply_chat_template(tmp_path):
     assert_same_ids(RenderChat(tokenizer=path), tok, records)
     shown = [tok.decode(hf_ids(tok, record)) for record in records[:3]]
     assert "Tools: " not in shown[0] and "Tools: [" in shown[1] and "Schlägt" in shown[2]
-
-
-def real(name: str) -> tuple[RenderChat, Any]:
-    """render_chat and the reference on a real tokenizer fetched by ``make tokenizers``."""
-    path = REAL / name
-    if not (path / "tokenizer.json").exists():
-        pytest.fail(f"{path} is missing: run `bash tools/fetch-tokenizers.sh build/tokenizers`")
-    return RenderChat(tokenizer=str(path / "tokenizer.json")), reference(path)
-
-
-def test_qwen2_5_and_llama3_2_with_tool_calls_equal_apply_chat_template():
-    # Both templates leave an empty content of a tool-calling turn out of the text (Llama
-    # 3.2's leaves out any content of such a turn: those turns keep an empty one here).
-    records = generate_conversations(240, seed=19, mean_words=25, tool_calls=True)
-    for record in records[::2]:
-        record["tools"] = TOOLS
-    assert_same_ids(*real("qwen2_5"), records)
-    for record in records:
-        for message in record["messages"]:
-            if message.get("tool_calls"):
-                message["content"] = None
-    assert_same_ids(*real("llama3_2"), records, **LLAMA_DATE)
 
 
 def call(word: str, content: str | None) -> dict[str, Any]:
