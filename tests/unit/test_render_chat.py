@@ -270,6 +270,8 @@ def test_renamed_messages_keep_their_other_keys_and_name_a_missing_role_key(tmp_
     assert decode(op, out.payload["input_ids"]) == "[user|ann]Hi<|im_end|>[assistant|]Yo<|im_end|>"
     with pytest.raises(DataError, match=r"messages\[1\] has no 'from' key \(render_chat.role_key"):
         render(op, [{"messages": [{"from": "user", "value": "Hi"}, {"value": "Yo"}]}])
+    with pytest.raises(DataError, match=r"has no 'value' key \(render_chat.content_key"):
+        render(op, [{"messages": [{"from": "user", "content": "Hi"}]}])
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ their own keys and role names. ``render_chat``'s ``role_key``, ``content_key`` a
 ``role_names`` say how a corpus writes them; :func:`renamed` gives each message the ``role``
 and ``content`` keys the templates read (every other key kept as it is), its role mapped by
 ``role_names`` (a role not named there is kept). Nothing is guessed: a message without the
-configured role key is a ``chat_error`` naming the key and the option.
+configured role or content key (the content may be missing beside ``tool_calls``) is a
+``chat_error`` naming the key and the option.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def renamed(value: Any, field: str, keys: Keys) -> Any:
     """``value``, a record's list of messages, with each message's role and content under the
     keys templates read (module docstring); what is not a list of objects is returned as it is,
     for :func:`.chat_layout.check_messages` to name. Raises :class:`.chat_layout.ChatError`
-    for a message without ``keys.role_key``."""
+    for a message without ``keys.role_key`` or ``keys.content_key``."""
     if not keys.active or not isinstance(value, list):
         return value
     role_key, content_key, names = keys.role_key, keys.content_key, keys.role_names
@@ -64,11 +65,12 @@ def renamed(value: Any, field: str, keys: Keys) -> Any:
         if not isinstance(message, dict):
             out.append(message)
             continue
-        if role_key not in message:
-            raise ChatError(
-                f"{field}[{i}] has no {role_key!r} key (render_chat.role_key; its keys: "
-                f"{sorted(message)[:8]})"
-            )
+        for key, option in ((role_key, "role_key"), (content_key, "content_key")):
+            if key not in message and not (key == content_key and message.get("tool_calls")):
+                raise ChatError(
+                    f"{field}[{i}] has no {key!r} key (render_chat.{option}; its keys: "
+                    f"{sorted(message)[:8]})"
+                )
         role = message[role_key]
         others = {k: v for k, v in message.items() if k not in (role_key, content_key)}
         out.append(
