@@ -143,14 +143,19 @@ class Skeleton:
         of the shape whose slots are ``placed``: where the generation prompt before it ends
         (learned once per shape: the conversation before message ``i`` rendered with the
         generation prompt must be this skeleton up to there); None when it is not."""
-        if i not in self._starts:
-            self._starts[i] = self._learn_start(i)
-        found = self._starts[i]
+        found = self._start_of(i)
         if found is None:
             return None
         k, into = found  # the prompt ends ``into`` characters into piece k
         order = self.order or self._contents
         return (placed[order[k - 1]][1] if k else 0) + into
+
+    def _start_of(self, i: int) -> tuple[int, int] | None:
+        """(k, n): the generation prompt before message ``i`` ends ``n`` characters into
+        piece ``k`` of this skeleton (learned once per shape); None when it is not its start."""
+        if i not in self._starts:
+            self._starts[i] = self._learn_start(i)
+        return self._starts[i]
 
     def _learn_start(self, i: int) -> tuple[int, int] | None:
         order = self.order or self._contents
@@ -182,15 +187,8 @@ class Skeleton:
         if slot not in order:
             return None
         k = list(order).index(slot)
-        try:
-            prompt = self._template.render(self._shape[:i], generation_prompt=True)
-        except ChatTemplateError:
-            return None
-        head = "".join(p + marker(o) for p, o in zip(self.pieces[:k], order[:k]))
-        tail = prompt[len(head) :]
-        if not prompt.startswith(head) or MARKER in tail or not self.pieces[k].startswith(tail):
-            return None
-        return len(self.pieces[k]) - len(tail)
+        start = self._start_of(i)  # the prompt must end in the piece before the reasoning
+        return None if start is None or start[0] != k else len(self.pieces[k]) - start[1]
 
     def trace(self, tracer: Tracer, messages: Sequence[dict[str, Any]]) -> None:
         """Learn the questions the template asks of the slots (:mod:`.chat_trace`), from
