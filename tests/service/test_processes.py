@@ -191,7 +191,12 @@ def test_a_result_that_cannot_be_taken_in_fails_the_run_instead_of_stalling_it(
         raise OSError("no room to track the result's blocks")
 
     monkeypatch.setattr(shm, "register_results", broken)
+    mine = f"{shm_owner.BLOCK_PREFIX}{shm_owner.owner_id()}-"  # this process's blocks
+    before = {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
     pipe = make_pipeline(corpus_specs).batch(microbatch_size=4)
     with pytest.raises(WorkerError) as info:
         list(pipe.run(ExecutionConfig(runner="processes", workers=2)))
     assert "cannot take in a worker's result: OSError: no room" in str(info.value)
+    # The blocks of the results it could not take in are freed, not left until it exits.
+    left = {n for n in os.listdir("/dev/shm") if n.startswith(mine)} - before
+    assert left == set(), f"left in /dev/shm: {sorted(left)}"

@@ -141,6 +141,22 @@ def register_results(results: list[Any]) -> None:
                         _pending[v.block] = _pending.get(v.block, 0) + 1
 
 
+def discard_results(results: list[Any]) -> None:
+    """Main process: unlink the blocks of results no one will resolve (a result the runner
+    could not take in), whether :func:`register_results` counted them or not."""
+    names = {
+        v.block
+        for rec in results
+        if type(rec) is SampleRecord and isinstance(rec.payload, dict)
+        for v in rec.payload.values()
+        if type(v) is ShmHandle
+    }
+    with _lock:
+        for name in names:
+            _pending.pop(name, None)
+            _close(name, unlink=True)
+
+
 def _attach(name: str) -> shared_memory.SharedMemory:
     shm = _attached.get(name)
     if shm is None:

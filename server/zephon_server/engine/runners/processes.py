@@ -16,6 +16,7 @@ it. Payload blocks and the pools' semaphores are attributed to their owner
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -138,6 +139,7 @@ class ProcessesRunner(PooledRunner):
 
         def relay(f: Future[Any]) -> None:
             # A callback that raised would leave ``outer`` pending and the run waiting for it.
+            result = None
             try:
                 exc = f.exception()
                 if exc is None:
@@ -151,6 +153,9 @@ class ProcessesRunner(PooledRunner):
                 else:
                     outer.set_exception(exc)
             except BaseException as failure:
+                if result is not None:  # no one will resolve its blocks: free them now
+                    with contextlib.suppress(Exception):
+                        shm.discard_results(result)
                 if not outer.done():
                     why = f"cannot take in a worker's result: {type(failure).__name__}: {failure}"
                     outer.set_exception(WorkerError(name, why))
