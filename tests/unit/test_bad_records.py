@@ -182,6 +182,11 @@ def test_hf_tokenizer_fallback_gives_good_records_their_batched_ids(tmp_path):
         [r.payload["text"] for i, r in enumerate(recs) if i != 3], suffix=(op.tokenizer.eos_id,)
     )
     assert [a.tolist() for i, a in enumerate(ids) if i != 3] == [a.tolist() for a in expected]
+    # A lone surrogate (decode_text refuses one in a row; a transform can make one) is named
+    # as such, not by the tokenizer binding's complaint about its input type.
+    recs[3] = SampleRecord({"text": "half a pair: \ud83d here"}, recs[3].meta)
+    with pytest.raises(DataError, match=r"tokenize: the text holds a lone surrogate \(U\+D83D at "):
+        op.process_many(recs)
 
 
 # ------------------------------------------------------------------------ max_document_bytes

@@ -185,6 +185,40 @@ def _content_ranges(
     return found
 
 
+def _check_written(
+    template: ChatTemplate, messages: Sequence[dict[str, Any]], indices: list[int], full: str
+) -> None:
+    """A :class:`ChatError` for an untrained message with a content the template writes
+    nothing of (a role it does not know, such as ShareGPT's ``human`` or a ``narrator``):
+    left out, it would silently be missing from the tokens. A content found verbatim in
+    ``full`` is written; the others (rewritten by the template, say escaped by ``tojson``)
+    are looked for as markers in one more rendering. (A skeleton's conversation needs no
+    check: every content but an empty assistant one is a slot it writes.)"""
+    trained = set(indices)
+    suspects = [
+        i
+        for i, m in enumerate(messages)
+        if i not in trained and m["content"].strip() and m["content"].strip() not in full
+    ]
+    if not suspects:
+        return
+    try:
+        probe = template.render(
+            [{**m, "content": _marker(i)} if i in suspects else m for i, m in enumerate(messages)]
+        )
+    except ChatTemplateError:
+        return  # the template refuses a marker there: it reads the content, so it writes it
+    for i in suspects:
+        if _marker(i) not in probe:
+            role = messages[i]["role"]
+            raise ChatError(
+                f"message {i} ({role}): the chat template writes nothing of its content, so it "
+                f"would be missing from the tokens without a word (does the template know the "
+                f"role {role!r}? map it to one it writes with render_chat.role_names, or "
+                "remove such messages)"
+            )
+
+
 def _opening(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int, full: str) -> str:
     """The conversation before message ``i`` rendered with the generation prompt, which must
     be the start of ``full``: what the model writes of turn ``i`` starts where it ends."""
@@ -302,6 +336,7 @@ def layout_chat(
         if contents is not None and None not in closes.values() and starts is not None:
             found = cast(dict[int, str], closes)  # no None among them
             return _layout(messages, indices, full, contents, found.__getitem__, starts)
+    _check_written(template, messages, indices, full)
     contents = _content_ranges(template, messages, indices, full)
     close = functools.partial(_close, template, messages)
     starts = _reasoning_starts(template, messages, indices, full, contents, reasoning)

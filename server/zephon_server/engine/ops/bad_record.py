@@ -24,6 +24,22 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def tokenizer_problem(text: Any, exc: BaseException) -> str:
+    """What to say of a text the tokenizer failed on: a lone surrogate, named where it is (a
+    JSON escape such as ``\\ud800`` without its pair is valid JSON but not Unicode, and no
+    tokenizer takes it), else the tokenizer's own error."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as bad:
+            return (
+                f"the text holds a lone surrogate (U+{ord(text[bad.start]):04X} at character "
+                f"{bad.start}: a JSON escape such as \\ud800 without its pair), which is not "
+                "valid Unicode and which no tokenizer takes"
+            )
+    return f"the tokenizer failed on this record ({describe_exception(exc)})"
+
+
 def location(info: Any, doc: Any) -> str:
     """``path:line N`` (JSONL, 1-based) or ``path:row N`` (Parquet, 0-based) of a document."""
     shard = info.shards[doc.shard]

@@ -52,7 +52,7 @@ from ..records import SampleRecord, Span
 from ..token_masks import MASK_DTYPE, encode_masks
 from ..token_offsets import byte_ranges
 from ..tokenizer import Tokenizer, load_tokenizer
-from .bad_record import describe_exception, location, on_bad_record
+from .bad_record import describe_exception, location, on_bad_record, tokenizer_problem
 from .base import Operator, OpTraits
 from .decode import _parse_problem
 
@@ -83,8 +83,9 @@ FIXES = {
 #: is trained from the generation prompt, where it was a chat_error. 3: so is a turn whose
 #: reasoning the template strips to nothing (a reasoning of newlines under Qwen3's). 4: a
 #: conversational prompt/completion record (two lists of messages) renders, where it was a
-#: chat_error.
-LAYOUT_VERSION = 4
+#: chat_error. 5: an untrained message whose content the template writes nothing of (a role
+#: it does not know) is a chat_error, where it was left out of the tokens.
+LAYOUT_VERSION = 5
 
 
 class RecordProblem(Exception):
@@ -422,8 +423,7 @@ class RenderChat(Operator):
             try:
                 out.append(encode_masks(tok, [r.text], [trained])[0])
             except Exception as exc:  # one record's failure is that record's problem
-                problem = f"the tokenizer failed on this record ({describe_exception(exc)})"
-                out.append(RecordProblem("tokenize_error", problem))
+                out.append(RecordProblem("tokenize_error", tokenizer_problem(r.text, exc)))
         return out
 
     def _failed(self, rec: SampleRecord, problem: RecordProblem) -> SampleRecord:

@@ -20,7 +20,7 @@ from ..errors import ConfigError, DataError
 from ..records import SampleRecord, Span
 from ..replay_cache import REPLAY_CACHE, ReplayCache
 from ..tokenizer import Tokenizer, load_tokenizer
-from .bad_record import describe_exception, on_bad_record
+from .bad_record import on_bad_record, tokenizer_problem
 from .base import OpContext, Operator, OpTraits
 
 #: Token ids per record, and the exception of each record the tokenizer failed on (by index).
@@ -149,12 +149,9 @@ class Tokenize(Operator):
     def _failed(self, rec: SampleRecord, exc: Exception) -> SampleRecord:
         """The tombstone (``on_error: skip``) for a record the tokenizer failed on."""
         datasets = getattr(getattr(self, "ctx", None), "datasets", ())
+        problem = tokenizer_problem(rec.payload.get("text"), exc)
         if not datasets or rec.meta.doc is None:
-            raise DataError(
-                f"tokenize: the tokenizer failed on record {rec.meta.cursor} "
-                f"({describe_exception(exc)})"
-            ) from exc
-        problem = f"the tokenizer failed on this record ({describe_exception(exc)})"
+            raise DataError(f"tokenize: {problem} (record {rec.meta.cursor})") from exc
         try:
             return on_bad_record(rec, datasets[rec.meta.dataset_id], "tokenize_error", problem)
         except DataError as err:
