@@ -33,8 +33,11 @@ RAW = (
 )
 #: Escapes non-ASCII in its arguments: a marker escaped, so nothing can be filled.
 ASCII = RAW.replace("tojson", "tojson(ensure_ascii=True)")
-#: Writes contents as JSON strings: not verbatim, so never attributed (nor traced as tool texts).
-DUMP = "{% for m in messages %}<{{ m.role }}>{{ m.content | tojson }}\n{% endfor %}"
+#: Writes contents (and calls) as JSON: not verbatim, so never attributed (nor traced).
+DUMP = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content | tojson }}"
+    "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}\n{% endfor %}"
+)
 
 
 def template(name: str) -> Counting:

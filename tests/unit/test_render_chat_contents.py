@@ -4,8 +4,10 @@ Templates write only the roles they know (Qwen3's: system, user, assistant, tool
 any other role (ShareGPT's ``human`` when ``role_names`` is not set, a ``narrator``) is left out
 of the rendering without a word, as ``apply_chat_template`` leaves it out. An untrained message
 whose content is missing that way is a ``chat_error`` naming the message, its role and the fix;
-a content the template writes rewritten (escaped by ``tojson``), or an empty one, is not. A
-content holding a lone surrogate (valid JSON, not Unicode) is named as such.
+a content the template writes rewritten (escaped by ``tojson``), or an empty one, is not.
+Tool calls and tool definitions a template without tool support leaves out are named the same
+way: a trained turn would teach the model to answer without its calls. A content holding a
+lone surrogate (valid JSON, not Unicode) is named as such.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.chat_helpers import decode, trained_runs
+from tests.support.chat_helpers import chat_tokenizer, decode, trained_runs
 from tests.support.chat_helpers import render_rows as render
 from tests.unit.test_render_chat_qwen3 import qwen3  # noqa: F401
+from zephon_server.engine.chat_layout import ChatError, layout_chat
 from zephon_server.engine.errors import DataError
 from zephon_server.engine.ops.render_chat import RenderChat
 
@@ -116,3 +119,57 @@ def test_a_lone_surrogate_is_named_as_such(qwen3):  # noqa: F811
     )
     with pytest.raises(DataError, match=r"the text holds a lone surrogate \(U\+D83D at "):
         render(op, [row])
+
+
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+
+
+def calling(content: Any = None) -> dict[str, Any]:
+    return {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": content, "tool_calls": [CALL]},
+            {"role": "tool", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ]
+    }
+
+
+def test_tool_calls_a_template_leaves_out_are_a_chat_error(tmp_path):
+    # Plain ChatML writes role and content only: the calling turn would be trained as an empty
+    # turn. Named on the first conversation of the shape and on later ones (its skeleton).
+    op = RenderChat(tokenizer=chat_tokenizer(tmp_path / "chatml", "chatml"))
+    for content in (None, None, "Let me look."):
+        with pytest.raises(
+            DataError, match=r"message 1 \(assistant\): .* nothing of its tool_calls"
+        ):
+            render(op, [calling(content)])
+
+
+def test_tool_calls_left_out_are_named_without_a_skeleton_too(tmp_path):
+    op = RenderChat(tokenizer=chat_tokenizer(tmp_path / "chatml", "chatml"))
+    messages = [dict(m, content=m["content"] or "") for m in calling()["messages"]]
+    with pytest.raises(ChatError, match=r"message 1 \(assistant\): .* nothing of its tool_calls"):
+        layout_chat(op.chat_template, messages, "assistant", None)
+
+
+def test_tool_definitions_a_template_never_reads_are_a_chat_error(tmp_path):
+    op = RenderChat(tokenizer=chat_tokenizer(tmp_path / "chatml", "chatml"))
+    conv = {
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather"}}],
+    }
+    with pytest.raises(DataError, match="never reads 'tools'"):
+        render(op, [conv])
+    # Without definitions (null, or an empty list: nothing to lose) the record renders.
+    for tools in (None, []):
+        (out,) = render(op, [{**conv, "tools": tools}])
+        assert len(out.payload["input_ids"]) > 0
+
+
+def test_qwen3_writes_calls_and_definitions(qwen3):  # noqa: F811
+    op = RenderChat(tokenizer=qwen3)
+    conv = {**calling(), "tools": [{"type": "function", "function": {"name": "get_weather"}}]}
+    (out,) = render(op, [conv])
+    ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
+    assert '"city": "Paris"' in "".join(trained_runs(op, ids, mask))

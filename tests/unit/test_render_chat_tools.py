@@ -142,14 +142,17 @@ def test_records_with_tools_render_by_the_configs_tool_use_template(tmp_path):
 
     tool_use = (
         "{% if tools %}<|im_start|>system\nTOOLS: {{ tools | tojson }}<|im_end|>\n{% endif %}"
-        + CHATML
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}<call>{{ c.function | tojson }}</call>{% endfor %}"
+        "<|im_end|>\n{% endfor %}"
     )
     named = [{"name": "default", "template": CHATML}, {"name": "tool_use", "template": tool_use}]
     op = RenderChat(tokenizer=chat_tokenizer(tmp_path / "named", "chatml", chat_template=named))
     plain = RenderChat(tokenizer=chat_tokenizer(tmp_path / "plain", "chatml"))
     assert op.params()["template"] != plain.params()["template"]  # tool_use is in the identity
     rows = [conversation(city, WEATHER) for city in ("Paris", "Oslo", "Lima", "Rome")]
-    rows.append(conversation("Bern"))
+    # No tools (and no calls, which the default template would leave out): the default.
+    rows.append({"messages": conversation("Bern")["messages"][-2:]})
     outs = render_rows(op, rows)  # the shape of the first four: built, traced, then filled
     texts = [decode(op, out.payload["input_ids"]) for out in outs]
     for row, text in zip(rows, texts):
@@ -162,4 +165,5 @@ def test_records_with_tools_render_by_the_configs_tool_use_template(tmp_path):
     assert skeleton is not None and skeleton.checks is not None  # traced by its own template
     assert len(op.skeletons._tracers) == 2
     runs = [trained_runs(op, o.payload["input_ids"], o.payload["loss_mask"]) for o in outs]
-    assert runs[0] == ["<|im_end|>", "It is 18C in Paris.<|im_end|>"] and "TOOLS" not in str(runs)
+    call = '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call><|im_end|>'
+    assert runs[0] == [call, "It is 18C in Paris.<|im_end|>"] and "TOOLS" not in str(runs)

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from .chat_skeleton import Misplaced, Skeleton, Skeletons, cut, place
-from .chat_slots import droppable, reasoning_slots
+from .chat_slots import droppable, reasoning_slots, unwritten_calls, with_slots
 from .chat_template import ChatTemplate, ChatTemplateError
-from .chat_trace import MARKER, stand_in
+from .chat_trace import MARKED, MARKER, slot_of, stand_in
 from .chat_trace import marker as _marker
 
 #: Which messages are trained: every assistant turn, the last one, or every turn.
@@ -188,28 +188,35 @@ def _content_ranges(
 def _check_written(
     template: ChatTemplate, messages: Sequence[dict[str, Any]], indices: list[int], full: str
 ) -> None:
-    """A :class:`ChatError` for an untrained message with a content the template writes
-    nothing of (a role it does not know, such as ShareGPT's ``human`` or a ``narrator``):
-    left out, it would silently be missing from the tokens. A content found verbatim in
-    ``full`` is written; the others (rewritten by the template, say escaped by ``tojson``)
-    are looked for as markers in one more rendering. (A skeleton's conversation needs no
-    check: every content but an empty assistant one is a slot it writes.)"""
+    """A :class:`ChatError` for a message the template writes part of nothing of, which would
+    silently be missing from the tokens: an untrained message's content (a role the template
+    does not know, such as ShareGPT's ``human`` or a ``narrator``), or any message's tool
+    calls (a template without tool support). A content found verbatim in ``full`` is
+    written; the other contents (rewritten by the template, say escaped by ``tojson``) and
+    the tool texts are looked for as markers in one more rendering. (A skeleton's
+    conversation needs no content check: every content but an empty assistant one is a slot
+    it writes; its tool calls are checked when it is made.)"""
     trained = set(indices)
     suspects = [
         i
         for i, m in enumerate(messages)
         if i not in trained and m["content"].strip() and m["content"].strip() not in full
     ]
-    if not suspects:
+    calls = any(len(m) > 2 and m.get("tool_calls") for m in messages)
+    if not suspects and not calls:
         return
+    probe_messages = [
+        {**m, "content": _marker(i)} if i in suspects else m for i, m in enumerate(messages)
+    ]
+    if calls:
+        probe_messages = with_slots(probe_messages, None, (), _marker)
     try:
-        probe = template.render(
-            [{**m, "content": _marker(i)} if i in suspects else m for i, m in enumerate(messages)]
-        )
+        probe = template.render(probe_messages)
     except ChatTemplateError:
-        return  # the template refuses a marker there: it reads the content, so it writes it
+        return  # the template refuses a marker there: it reads the text, so it writes it
+    written = {slot_of(found.group()) for found in MARKED.finditer(probe)}
     for i in suspects:
-        if _marker(i) not in probe:
+        if i not in written:
             role = messages[i]["role"]
             raise ChatError(
                 f"message {i} ({role}): the chat template writes nothing of its content, so it "
@@ -217,6 +224,18 @@ def _check_written(
                 f"role {role!r}? map it to one it writes with render_chat.role_names, or "
                 "remove such messages)"
             )
+    unwritten = unwritten_calls(messages, written) if calls else None
+    if unwritten is not None:
+        raise _unwritten_calls(messages, unwritten)
+
+
+def _unwritten_calls(messages: Sequence[dict[str, Any]], i: int) -> ChatError:
+    return ChatError(
+        f"message {i} ({messages[i]['role']}): the chat template writes nothing of its "
+        "tool_calls, so the calls would be missing from the tokens without a word (a trained "
+        "turn would teach the model to answer with its content alone); use a template that "
+        "writes tool calls (render_chat.template), or remove the calls from the data"
+    )
 
 
 def _opening(template: ChatTemplate, messages: Sequence[dict[str, Any]], i: int, full: str) -> str:
@@ -313,11 +332,20 @@ def layout_chat(
     ``weight``: the message field whose 0 keeps a turn untrained (:func:`trained_indices`);
     ``first_trained``: no message before it is trained (a conversational prompt's)."""
     template = template.with_tools(tools)
+    if tools and not template.reads_tools:
+        raise ChatError(
+            "the record has tool definitions but the chat template never reads 'tools', so "
+            "they would be missing from the tokens without a word; use a template that writes "
+            "them (render_chat.template), or point render_chat.tools_field at a field the "
+            "records do not have if these are not tool definitions"
+        )
     if reasoning is not None:
         for i, message in enumerate(messages):
             if len(message) > 2:  # a clear error before any template sees a bad reasoning
                 _reasoning_of(message, i, reasoning)
     skeleton = skeletons.get(messages, template) if skeletons is not None else None
+    if skeleton is not None and skeleton.unwritten_calls is not None:
+        raise _unwritten_calls(messages, skeleton.unwritten_calls)
     filled = skeleton.fill(messages) if skeleton is not None else None
     placed: list[tuple[int, int]] | None
     if filled is not None:

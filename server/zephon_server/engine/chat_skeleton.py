@@ -38,6 +38,7 @@ from .chat_slots import (
     shape_of,
     tool_texts,
     tools_key,
+    unwritten_calls,
     with_slots,
 )
 from .chat_template import ChatTemplate, ChatTemplateError, json_string
@@ -81,6 +82,8 @@ class Skeleton:
         #: The contents the template leaves out (empty ones of assistant turns,
         #: :func:`.chat_slots.droppable`): their turns start where the generation prompt ends.
         self.left_out = frozenset(self._contents) - set(order)
+        #: The first message whose tool calls the template writes nothing of (None: none).
+        self.unwritten_calls = unwritten_calls(messages, set(order)) if self.tool_slots else None
         self._starts: dict[int, tuple[int, int] | None] = {}
         #: The questions the template asks of the slots; None: every conversation of the
         #: shape is rendered (not traced yet, or the template does what a trace cannot follow).

@@ -110,6 +110,25 @@ def tool_texts(messages: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def unwritten_calls(messages: Sequence[dict[str, Any]], written: set[int]) -> int | None:
+    """The first message with tool calls none of whose tool texts is among the ``written``
+    slots (the template writes nothing of its calls); None when there is none. A message
+    whose calls have no slot (no strings, or past :data:`MAX_TOOL_SLOTS`) cannot tell."""
+    slot = 2 * len(messages)
+    last = slot + MAX_TOOL_SLOTS
+    for j, m in enumerate(messages):
+        if len(m) <= 2:
+            continue
+        for key in TOOL_FIELDS:
+            if key in m:
+                texts: list[str] = []
+                _collect(m[key], texts, 0)
+                first, slot = slot, min(slot + len(texts), last)
+                if key == "tool_calls" and first < slot and written.isdisjoint(range(first, slot)):
+                    return j
+    return None
+
+
 def _collect(value: Any, out: list[str], depth: int) -> None:
     kind = type(value)
     if kind is str:

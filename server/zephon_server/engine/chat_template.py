@@ -390,6 +390,7 @@ class ChatTemplate:
         """This template compiled in ``env`` (of :func:`environment_class` or a subclass, such as
         :mod:`.chat_trace`'s), and the scope every render starts from."""
         from jinja2 import TemplateSyntaxError
+        from jinja2 import meta as jinja2_meta
 
         env.filters["tojson"] = _tojson
         moment = datetime.datetime(self.date.year, self.date.month, self.date.day)
@@ -398,6 +399,9 @@ class ChatTemplate:
         try:
             ast = env.parse(self.source.text)
             _check_deterministic(ast, self.source.origin)
+            #: Whether the template reads the tool definitions at all (a template that does
+            #: not would leave a record's ``tools`` out without a word).
+            self.reads_tools = "tools" in jinja2_meta.find_undeclared_variables(ast)
             template = env.from_string(chat_budget.instrument(env, ast))
         except TemplateSyntaxError as exc:
             raise ConfigError(

@@ -84,8 +84,9 @@ FIXES = {
 #: reasoning the template strips to nothing (a reasoning of newlines under Qwen3's). 4: a
 #: conversational prompt/completion record (two lists of messages) renders, where it was a
 #: chat_error. 5: an untrained message whose content the template writes nothing of (a role
-#: it does not know) is a chat_error, where it was left out of the tokens.
-LAYOUT_VERSION = 5
+#: it does not know) is a chat_error, where it was left out of the tokens. 6: so are tool calls
+#: the template writes nothing of, and tool definitions it never reads.
+LAYOUT_VERSION = 6
 
 
 class RecordProblem(Exception):
