@@ -173,3 +173,18 @@ def test_qwen3_writes_calls_and_definitions(qwen3):  # noqa: F811
     (out,) = render(op, [conv])
     ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
     assert '"city": "Paris"' in "".join(trained_runs(op, ids, mask))
+
+
+def test_a_conversation_cut_to_max_length_is_logged_once(op, caplog):
+    short = conversation(("user", "q"), ("assistant", "a"))
+    long = conversation(("user", "q"), ("assistant", "a" * 100))
+    (whole,) = render(op, [long])
+    cutting = RenderChat(tokenizer="byte", template=op.template_path, max_length=40)
+    with caplog.at_level("WARNING", logger="zephon_server.engine.ops.render_chat"):
+        render(cutting, [short])
+        assert not caplog.records  # nothing cut: nothing said
+        outs = render(cutting, [long, long])
+    assert [len(o.payload["input_ids"]) for o in outs] == [40, 40]
+    (record,) = caplog.records  # once per worker, naming the first
+    assert "longer than max_length 40 tokens are cut" in record.getMessage()
+    assert f"record (0, 0), {len(whole.payload['input_ids'])} tokens" in record.getMessage()

@@ -37,7 +37,7 @@ import datetime
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -181,6 +181,7 @@ class RenderChat(Operator):
         self.weight_field = weight_field
         self.template_kwargs = dict(template_kwargs or {})
         self._warned_unwritten = False
+        self._warned_cut = False
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._skeletons: Skeletons | None = None
@@ -380,6 +381,8 @@ class RenderChat(Operator):
                 out.append(self._failed(rec, problem))
                 continue
             n = len(payload["input_ids"])
+            if n == self.max_length and not self._warned_cut:
+                self._warn_cut(rec, len(result[0]) + item.append_eos)
             out.append(SampleRecord(payload, rec.meta.with_spans((Span(rec.meta.doc, 0, n),))))
         return out
 
@@ -402,6 +405,21 @@ class RenderChat(Operator):
                     self._where(rec),
                 )
                 return
+
+    def _warn_cut(self, rec: SampleRecord, tokens: int) -> None:
+        """Log once that conversations longer than ``max_length`` lose their end (the first
+        record it happened to)."""
+        if tokens <= cast(int, self.max_length):
+            return
+        self._warned_cut = True
+        log.warning(
+            "render_chat: conversations longer than max_length %d tokens are cut, their end "
+            "neither seen nor trained (the first: %s, %d tokens); raise render_chat.max_length "
+            "to the model's context length if that is not intended. Logged once per worker.",
+            self.max_length,
+            self._where(rec),
+            tokens,
+        )
 
     def _where(self, rec: SampleRecord) -> str:
         """The record's file and line (or row), or its cursor outside a pipeline run."""
