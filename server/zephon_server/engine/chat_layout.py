@@ -188,10 +188,10 @@ def _content_ranges(
 def _check_written(
     template: ChatTemplate, messages: Sequence[dict[str, Any]], indices: list[int], full: str
 ) -> None:
-    """A :class:`ChatError` for a message the template writes part of nothing of, which would
-    silently be missing from the tokens: an untrained message's content (a role the template
-    does not know, such as ShareGPT's ``human`` or a ``narrator``), or any message's tool
-    calls (a template without tool support). A content found verbatim in ``full`` is
+    """A :class:`ChatError` for a part of a message that the template writes nothing of, and
+    that would silently be missing from the tokens: an untrained message's content (a role
+    the template does not know, such as ShareGPT's ``human`` or a ``narrator``), or any
+    message's tool calls (a template without tool support). A content found verbatim in ``full`` is
     written; the other contents (rewritten by the template, say escaped by ``tojson``) and
     the tool texts are looked for as markers in one more rendering. (A skeleton's
     conversation needs no content check: every content but an empty assistant one is a slot

@@ -366,6 +366,9 @@ class ChatTemplate:
             self._tool_use = ChatTemplate(named, date=date, variables=variables)
         #: The tool definitions every render of this template sees (:meth:`with_tools`).
         self.tools: list[Any] | None = None
+        #: Whether the template reads the tool definitions at all (set by :meth:`compile`; a
+        #: template that does not would leave a record's ``tools`` out without a word).
+        self.reads_tools = False
         self._template, self._scope = self.compile(environment_class()())
 
     def with_tools(self, tools: list[Any] | None) -> ChatTemplate:
@@ -399,8 +402,6 @@ class ChatTemplate:
         try:
             ast = env.parse(self.source.text)
             _check_deterministic(ast, self.source.origin)
-            #: Whether the template reads the tool definitions at all (a template that does
-            #: not would leave a record's ``tools`` out without a word).
             self.reads_tools = "tools" in jinja2_meta.find_undeclared_variables(ast)
             template = env.from_string(chat_budget.instrument(env, ast))
         except TemplateSyntaxError as exc:
