@@ -188,3 +188,20 @@ def test_a_conversation_cut_to_max_length_is_logged_once(op, caplog):
     (record,) = caplog.records  # once per worker, naming the first
     assert "longer than max_length 40 tokens are cut" in record.getMessage()
     assert f"record (0, 0), {len(whole.payload['input_ids'])} tokens" in record.getMessage()
+
+
+def test_tool_calls_written_only_escaped_to_ascii_are_written(tmp_path):
+    # Every tool text inside tojson(ensure_ascii=True): no marker is written as it is, yet the
+    # calls are in the text (the layout renders such conversations each time).
+    template = tmp_path / "ascii_calls.jinja"
+    template.write_text(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+        "{% if m.tool_calls %}{{ m.tool_calls | tojson(ensure_ascii=True) }}{% endif %}"
+        "</s>{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template))
+    outs = render(op, [calling(), calling(), calling("Let me look.")])
+    for out in outs:
+        assert '"name": "get_weather"' in decode(op, out.payload["input_ids"])
+    messages = [dict(m, content=m["content"] or "") for m in calling()["messages"]]
+    assert "get_weather" in layout_chat(op.chat_template, messages, "assistant", None).text

@@ -38,7 +38,7 @@ from typing import Any, cast
 from .chat_skeleton import Misplaced, Skeleton, Skeletons, cut, place
 from .chat_slots import droppable, reasoning_slots, unwritten_calls, with_slots
 from .chat_template import ChatTemplate, ChatTemplateError
-from .chat_trace import MARKED, MARKER, slot_of, stand_in
+from .chat_trace import MARKER, stand_in, written_slots
 from .chat_trace import marker as _marker
 
 #: Which messages are trained: every assistant turn, the last one, or every turn.
@@ -214,7 +214,7 @@ def _check_written(
         probe = template.render(probe_messages)
     except ChatTemplateError:
         return  # the template refuses a marker there: it reads the text, so it writes it
-    written = {slot_of(found.group()) for found in MARKED.finditer(probe)}
+    written = written_slots(probe)
     for i in suspects:
         if i not in written:
             role = messages[i]["role"]

@@ -42,7 +42,17 @@ from .chat_slots import (
     with_slots,
 )
 from .chat_template import ChatTemplate, ChatTemplateError, json_string
-from .chat_trace import MARKED, MARKER, Check, Tracer, holds, marker, slot_of, stand_in
+from .chat_trace import (
+    MARKED,
+    MARKER,
+    Check,
+    Tracer,
+    holds,
+    marker,
+    slot_of,
+    stand_in,
+    written_slots,
+)
 
 _ABSENT: Any = object()
 #: Shapes kept per operator (least recently used ones go first).
@@ -83,7 +93,11 @@ class Skeleton:
         #: :func:`.chat_slots.droppable`): their turns start where the generation prompt ends.
         self.left_out = frozenset(self._contents) - set(order)
         #: The first message whose tool calls the template writes nothing of (None: none).
-        self.unwritten_calls = unwritten_calls(messages, set(order)) if self.tool_slots else None
+        self.unwritten_calls = (
+            unwritten_calls(messages, set(order) | written_slots("".join(pieces)))
+            if self.tool_slots
+            else None
+        )
         self._starts: dict[int, tuple[int, int] | None] = {}
         #: The questions the template asks of the slots; None: every conversation of the
         #: shape is rendered (not traced yet, or the template does what a trace cannot follow).

@@ -34,6 +34,7 @@ the skeleton with its contents in place; one that does not is rendered.
 from __future__ import annotations
 
 import functools
+import json
 import operator
 import re
 import threading
@@ -320,6 +321,19 @@ MARKED = re.compile(re.escape(MARKER) + "[0-9]+\ue002")
 def slot_of(marked: str) -> int:
     """The slot of a marker (a match of :data:`MARKED`)."""
     return int(marked[len(MARKER) : -1])
+
+
+#: A marker escaped by ``tojson(ensure_ascii=True)`` (the slot's number in group 1).
+_ESCAPED = re.compile(re.escape(json.dumps(MARKER)[1:-1]) + "([0-9]+)" + re.escape("\\ue002"))
+
+
+def written_slots(text: str) -> set[int]:
+    """The slots whose markers ``text`` holds, as they are or escaped to ASCII: the texts a
+    template writes, whether or not a layout can place them."""
+    found = {slot_of(m.group()) for m in MARKED.finditer(text)}
+    if "\\ue000" in text:
+        found.update(int(m.group(1)) for m in _ESCAPED.finditer(text))
+    return found
 
 
 def _traced_tojson(fn: Callable[..., Any]) -> Callable[..., Any]:
