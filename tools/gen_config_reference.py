@@ -205,7 +205,8 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "system, human: user, gpt: assistant}`); a role not named is kept. Unset: none.",
         "template_kwargs": "Extra variables for the template, as the keyword arguments of "
         "Hugging Face's `apply_chat_template` (e.g. `{enable_thinking: false}`); not "
-        "`messages`, `tools`, `documents` or `add_generation_prompt`.",
+        "`messages`, `tools`, `documents` or `add_generation_prompt`, nor one the template "
+        "never reads.",
     },
     "map_transform": {
         "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "

@@ -327,3 +327,15 @@ def test_a_content_whose_leading_newlines_qwen3_strips_keeps_its_trailing_space(
     conv = exchange("2+2?", "\nFour. ")
     out = render(op, [conv])[0]
     assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == ["Four. " + END]
+
+
+def test_a_template_variable_the_template_never_reads_is_a_config_error(qwen3):
+    # A misspelt variable would change nothing without a word; the error lists what it reads.
+    from zephon_server.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        RenderChat(tokenizer=qwen3, template_kwargs={"enable_thinkng": False})
+    message = str(caught.value)
+    assert "template_kwargs.enable_thinkng: the chat template" in message
+    assert "never reads 'enable_thinkng'" in message and "'enable_thinking'" in message
+    RenderChat(tokenizer=qwen3, template_kwargs={"enable_thinking": False})  # read: accepted

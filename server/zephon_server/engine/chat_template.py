@@ -366,10 +366,21 @@ class ChatTemplate:
             self._tool_use = ChatTemplate(named, date=date, variables=variables)
         #: The tool definitions every render of this template sees (:meth:`with_tools`).
         self.tools: list[Any] | None = None
-        #: Whether the template reads the tool definitions at all (set by :meth:`compile`; a
-        #: template that does not would leave a record's ``tools`` out without a word).
-        self.reads_tools = False
+        #: The variables the template reads from its scope (set by :meth:`compile`).
+        self.reads: frozenset[str] = frozenset()
         self._template, self._scope = self.compile(environment_class()())
+
+    @property
+    def reads_tools(self) -> bool:
+        """Whether the template reads the tool definitions at all (one that does not would
+        leave a record's ``tools`` out without a word)."""
+        return "tools" in self.reads
+
+    def unread_variables(self) -> list[str]:
+        """The extra variables (``template_kwargs``) that neither this template nor its
+        "tool_use" one ever reads: they would change nothing."""
+        reads = self.reads | (self._tool_use.reads if self._tool_use is not None else set())
+        return [name for name in self.variables if name not in reads]
 
     def with_tools(self, tools: list[Any] | None) -> ChatTemplate:
         """This template rendering with the tool definitions ``tools`` (a record's ``tools``
@@ -402,7 +413,7 @@ class ChatTemplate:
         try:
             ast = env.parse(self.source.text)
             _check_deterministic(ast, self.source.origin)
-            self.reads_tools = "tools" in jinja2_meta.find_undeclared_variables(ast)
+            self.reads = frozenset(jinja2_meta.find_undeclared_variables(ast))
             template = env.from_string(chat_budget.instrument(env, ast))
         except TemplateSyntaxError as exc:
             raise ConfigError(

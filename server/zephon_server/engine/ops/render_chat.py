@@ -187,7 +187,14 @@ class RenderChat(Operator):
         self._skeletons: Skeletons | None = None
         self.tokenizer  # noqa: B018 - validate at construction (fails fast on a bad path)
         self.source: TemplateSource = find_template(tokenizer, template)
-        self.chat_template  # noqa: B018 - compile now: a syntax error is a config error
+        unread = self.chat_template.unread_variables()  # compiled now: a syntax error is a
+        if unread:  # config error, and so is a variable that would change nothing
+            reads = sorted(self.chat_template.reads - set(RESERVED_VARIABLES))
+            raise ConfigError(
+                f"render_chat: template_kwargs.{unread[0]}: the chat template "
+                f"({self.source.origin}) never reads {unread[0]!r}, so it would change nothing "
+                f"(a misspelt name?); the template reads {reads[:16]}"
+            )
         self.eos_id = self._eos_id()
 
     # -- configuration -----------------------------------------------------------------------
