@@ -205,3 +205,16 @@ def test_tool_calls_written_only_escaped_to_ascii_are_written(tmp_path):
         assert '"name": "get_weather"' in decode(op, out.payload["input_ids"])
     messages = [dict(m, content=m["content"] or "") for m in calling()["messages"]]
     assert "get_weather" in layout_chat(op.chat_template, messages, "assistant", None).text
+
+
+def test_a_content_written_in_another_case_is_written(tmp_path):
+    template = tmp_path / "upper.jinja"
+    template.write_text(
+        "{% for m in messages %}<{{ m.role }}>"
+        "{% if m.role == 'system' %}{{ m.content | upper }}{% else %}{{ m.content }}{% endif %}"
+        "</s>{% endfor %}"
+    )
+    op = RenderChat(tokenizer="byte", template=str(template))
+    conv = conversation(("system", "Be brief."), ("user", "q"), ("assistant", "a"))
+    (out,) = render(op, [conv])
+    assert decode(op, out.payload["input_ids"]).startswith("<system>BE BRIEF.</s>")

@@ -323,17 +323,24 @@ def slot_of(marked: str) -> int:
     return int(marked[len(MARKER) : -1])
 
 
-#: A marker escaped by ``tojson(ensure_ascii=True)`` (the slot's number in group 1).
-_ESCAPED = re.compile(re.escape(json.dumps(MARKER)[1:-1]) + "([0-9]+)" + re.escape("\\ue002"))
+#: A marker in any case (a template may change a text's case), or escaped by
+#: ``tojson(ensure_ascii=True)``; the slot's number in group 1 or 2.
+_WRITTEN = re.compile(
+    "(?:"
+    + re.escape(MARKER)
+    + "([0-9]+)\ue002|"
+    + re.escape(json.dumps(MARKER)[1:-1])
+    + "([0-9]+)"
+    + re.escape("\\ue002")
+    + ")",
+    re.IGNORECASE,
+)
 
 
 def written_slots(text: str) -> set[int]:
-    """The slots whose markers ``text`` holds, as they are or escaped to ASCII: the texts a
-    template writes, whether or not a layout can place them."""
-    found = {slot_of(m.group()) for m in MARKED.finditer(text)}
-    if "\\ue000" in text:
-        found.update(int(m.group(1)) for m in _ESCAPED.finditer(text))
-    return found
+    """The slots whose markers ``text`` holds, as they are, in another case or escaped to
+    ASCII: the texts a template writes, whether or not a layout can place them."""
+    return {int(m.group(1) or m.group(2)) for m in _WRITTEN.finditer(text)}
 
 
 def _traced_tojson(fn: Callable[..., Any]) -> Callable[..., Any]:
