@@ -12,6 +12,7 @@ tokenizer threading: ``RuntimeConfig.apply_process``); importing the engine does
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,27 @@ def private_cache_home(tmp_path_factory) -> Iterator[Path]:
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = old
+
+
+def _own_blocks() -> set[str]:
+    """This process's shared-memory blocks (named after its pid, workers' blocks included)."""
+    prefix = f"zephon-blk-{os.getpid()}-"
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def own_shared_memory_blocks() -> Iterator[None]:
+    """Name a test that leaves shared-memory blocks of this process behind, with a warning in
+    the summary: a later test that checks ``/dev/shm`` for its own blocks would otherwise take
+    the blame (as one did in CI, for a leak of an earlier test)."""
+    before = _own_blocks()
+    yield
+    left = _own_blocks() - before
+    if left:
+        warnings.warn(f"left in /dev/shm by this test: {sorted(left)}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
