@@ -78,3 +78,52 @@ def test_parquet_null_text_is_malformed(tmp_path):
     pipe = Pipeline([spec], lanes=1, chunk_size=4).decode_text().tokenize().batch(microbatch_size=1)
     with pytest.raises(DataError, match=r"part0.parquet:row 1: missing text field 'content'"):
         list(pipe.run(ExecutionConfig(runner="inline")))
+
+
+def invalid_utf8_parquet(path, rows: list[str], bad: int) -> None:
+    """A Parquet shard whose string column holds invalid UTF-8 at row ``bad`` (pyarrow writes
+    and reads such bytes without checking them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir()
+    marked = [("X" * len(r) if i == bad else r) for i, r in enumerate(rows)]
+    pq.write_table(pa.table({"text": marked}), path, compression="NONE", row_group_size=4)
+    data = bytearray(path.read_bytes())
+    at = data.find(b"X" * len(rows[bad]))
+    data[at : at + 2] = b"\xff\xfe"
+    path.write_bytes(bytes(data))
+
+
+def parquet_texts(path, on_error: str) -> tuple[list[str], dict]:
+    spec = DatasetSpec("pq", str(path.parent), 1.0, on_error=on_error)
+    pipe = Pipeline([spec], lanes=1, chunk_size=4).decode_text().tokenize().batch(microbatch_size=1)
+    run = pipe.run(ExecutionConfig(runner="inline"))
+    texts = [
+        bytes(int(t) for t in item.tensors["input_ids"][0] if t < 256).decode()
+        for item in run
+        if isinstance(item, NumberedBatch)
+    ]
+    return sorted(texts), run.stats()["skipped"]
+
+
+def test_parquet_invalid_utf8_is_that_rows_problem(tmp_path):
+    # It was an UnicodeDecodeError of the whole row group, under skip too: the good rows lost.
+    rows = [f"good row {i:02d}" for i in range(7)]
+    path = tmp_path / "pq" / "part0.parquet"
+    invalid_utf8_parquet(path, rows, bad=5)
+    with pytest.raises(DataError, match=r"part0.parquet:row 5: invalid UTF-8 \(invalid start byte"):
+        parquet_texts(path, "fail")
+    texts, skipped = parquet_texts(path, "skip")
+    assert texts == sorted(r for i, r in enumerate(rows) if i != 5) and skipped == {"pq": 1}
+
+
+def test_parquet_binary_text_column_is_read_as_utf8(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bin" / "part0.parquet"
+    path.parent.mkdir()
+    values = ["plain", "Zürich ✓", "\xff is ÿ"]
+    pq.write_table(pa.table({"text": pa.array([v.encode() for v in values], pa.binary())}), path)
+    assert parquet_texts(path, "fail") == (sorted(values), {})

@@ -744,7 +744,10 @@ class ShardCache:
 
         def load() -> tuple[tuple[list[Any], np.ndarray], int]:
             column = _checked_load(path, identity, read)
-            values = column.to_pylist()
+            try:
+                values = column.to_pylist()
+            except UnicodeDecodeError:  # pyarrow does not check a string column's UTF-8
+                values = _text_or_bytes(column)
             sizes = _value_sizes(column, values)
             with self._lock:
                 self.misses += 1
@@ -754,6 +757,21 @@ class ShardCache:
 
         key = (path, PARQUET, text_field, rg, identity)
         return self._cached(key, load)  # type: ignore[no-any-return]
+
+
+def _text_or_bytes(column: Any) -> list[Any]:
+    """The values of a string column holding invalid UTF-8: each valid one as text (as
+    ``to_pylist`` gives it), each invalid one as its bytes, which ``decode_text`` (or
+    ``render_chat``) turns into that record's own ``malformed`` problem, naming its row."""
+    import pyarrow as pa
+
+    out: list[Any] = []
+    for value in column.cast(pa.large_binary()).to_pylist():
+        try:
+            out.append(value if value is None else value.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(value)
+    return out
 
 
 _default_cache: ShardCache | None = None

@@ -36,6 +36,11 @@ def _text_of(payload: dict[str, Any], field: str) -> tuple[Any, str | None]:
         if field not in obj:
             return None, f"missing text field {field!r} (fields: {sorted(obj)[:8]})"
         text = obj[field]
+    if isinstance(text, bytes):  # a Parquet binary value (or an invalid string one)
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return None, _parse_problem(exc)
     if not isinstance(text, str):
         return None, f"text field {field!r} is {type(text).__name__}, not a string"
     if not text.isascii():
