@@ -113,6 +113,23 @@ def test_plain_jsonl_reads_compare_the_open_files_identity(tmp_path: Path) -> No
     assert cache.read_rows(fresh, [0], "text") == [ROWS[0].replace("a", "e").encode()]
 
 
+def test_a_rewrite_keeping_size_and_time_is_refused_where_its_lines_moved(tmp_path: Path) -> None:
+    # The identity cannot see it; reading through the old offsets would cut rows mid-line
+    # (a "bad JSON" blamed on a valid row, or rows lost under skip). Rows' bytes must be lines.
+    path = write_jsonl(tmp_path / "a.jsonl", ['{"text": "aaaa"}', '{"text": "bb"}'])
+    st = path.stat()
+    info = ShardInfo(str(path), "jsonl", st.st_size, 2, st.st_mtime_ns)
+    cache = ShardCache()
+    assert cache.read_rows(info, [1], "text") == [b'{"text": "bb"}']
+    path.write_bytes(b'{"text": "xx"}\n{"text": "yyyy"}\n')  # same size, lines moved
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    for row in (0, 1):
+        with pytest.raises(
+            ZephonError, match=r"a.jsonl: the row indexed at bytes .* is not a line"
+        ):
+            cache.read_rows(info, [row], "text")
+
+
 def test_a_file_changing_while_it_is_indexed_is_refused(tmp_path: Path, monkeypatch) -> None:
     """Unit test of the shard cache: the index is built between two stats."""
     from zephon_server.engine import shards as shards_mod

@@ -47,11 +47,29 @@ def _pread_run(
     hi: list[int],
     out: list[Any],
 ) -> None:
-    buf = os.pread(fd, run_hi - run_lo, run_lo) if run_hi > run_lo else b""
-    if len(buf) < run_hi - run_lo:
+    # One byte more on each side: the newlines the row boundaries must fall on.
+    start = run_lo - 1 if run_lo else 0
+    buf = os.pread(fd, run_hi + 1 - start, start)
+    if len(buf) < run_hi - start:
         raise DataError(
             f"shard {path} is shorter than when it was indexed (file changed while in use; "
             "restart the server after modifying data)"
         )
     for i in run:
-        out[i] = buf[lo[i] - run_lo : hi[i] - run_lo]
+        a, b = lo[i] - start, hi[i] - start
+        # The byte before a row (but the first) and the one after it (but at the end of the
+        # file) are newlines, or the offsets are not this content's.
+        if (a and buf[a - 1] != 10) or (b < len(buf) and buf[b] != 10):
+            raise DataError(misaligned(path, lo[i], hi[i]))
+        out[i] = buf[a:b]
+
+
+def misaligned(path: str, lo: int, hi: int) -> str:
+    """The error for a row whose indexed bytes ``[lo, hi)`` are not a line of the file."""
+    return (
+        f"shard {path}: the row indexed at bytes {lo}-{hi} is not a line of the file: its "
+        "content changed while its size and modification time stayed the same (rewritten "
+        "in place with its time put back, e.g. by touch -r or a copy keeping times). If the "
+        "new content is right, give the file a new modification time (touch it) so it is "
+        "indexed again, and start a new run; else restore the original file"
+    )
