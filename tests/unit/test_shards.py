@@ -229,6 +229,21 @@ def test_parquet_reads_only_needed_row_groups(tmp_path: Path) -> None:
     assert cache.row_group_reads == 10  # served from the LRU
 
 
+@pytest.mark.parametrize("kept", [2, 64])
+def test_parquet_footers_kept_are_bounded_by_max_open_indexes(tmp_path: Path, kept: int) -> None:
+    # One footer per shard a process ever read, never evicted, was memory growing with the
+    # number of Parquet shards (wide tables have footers of megabytes).
+    infos = [
+        shard(write_parquet(tmp_path / f"p{i}.parquet", {"t": [f"doc {i}"]}), "parquet")
+        for i in range(4)
+    ]
+    cache = ShardCache(max_open_indexes=kept)
+    for info in [*infos, infos[0]]:
+        assert cache.read_rows(info, [0], "t") == [f"doc {infos.index(info)}"]
+    # With 2 kept, shard 0's footer was dropped for shards 2 and 3: read again.
+    assert cache.footer_reads == (5 if kept == 2 else 4)
+
+
 def test_parquet_missing_column_names_file_and_columns(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "p.parquet", [{"id": 1, "body": "x"}])
     with pytest.raises(DataError) as err:

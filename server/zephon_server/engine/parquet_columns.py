@@ -1,4 +1,5 @@
-"""Parquet text columns: checking that the column is text, and the byte size of each value."""
+"""Parquet text columns: checking that the column is text, the byte size of each value, and the
+values of a string column holding invalid UTF-8."""
 
 from __future__ import annotations
 
@@ -21,6 +22,21 @@ def value_sizes(column: Any, values: list[Any]) -> np.ndarray:
             [0 if v is None else len(v.encode() if isinstance(v, str) else v) for v in values],
             dtype=np.int64,
         )
+
+
+def text_or_bytes(column: Any) -> list[Any]:
+    """The values of a string column holding invalid UTF-8: each valid one as text (as
+    ``to_pylist`` gives it), each invalid one as its bytes, which ``decode_text`` (or
+    ``render_chat``) turns into that record's own ``malformed`` problem, naming its row."""
+    import pyarrow as pa
+
+    out: list[Any] = []
+    for value in column.cast(pa.large_binary()).to_pylist():
+        try:
+            out.append(value if value is None else value.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(value)
+    return out
 
 
 def check_field(path: str, schema: Any, text_field: str) -> None:

@@ -61,6 +61,7 @@ from .index_dir import IndexDir
 from .line_index import index_lines, line_starts
 from .open_indexes import OpenIndexes
 from .parquet_columns import check_field as _check_field
+from .parquet_columns import text_or_bytes
 from .parquet_columns import value_sizes as _value_sizes
 from .row_runs import pread_rows
 from .shard_index import IndexEntry, ShardIndex
@@ -174,11 +175,11 @@ class ShardCache:
 
     ``max_bytes`` bounds decompressed JSONL shards, zstd frames and decoded Parquet row groups
     (LRU). ``index`` holds the shards' index entries (default: in memory only);
-    ``max_open_indexes`` bounds the entries kept open. Counters ``hits``, ``misses``,
-    ``evictions``, ``index_builds``, ``decompressions``, ``frame_reads``, ``footer_reads``,
-    ``row_group_reads`` and ``bytes_cached`` are plain attributes for metrics. Pickling a cache
-    yields an empty cache with the same budget and index directory, so operators holding one
-    can cross processes.
+    ``max_open_indexes`` bounds the entries kept open, and the Parquet footers kept (LRU).
+    Counters ``hits``, ``misses``, ``evictions``, ``index_builds``, ``decompressions``,
+    ``frame_reads``, ``footer_reads``, ``row_group_reads`` and ``bytes_cached`` are plain
+    attributes for metrics. Pickling a cache yields an empty cache with the same budget and
+    index directory, so operators holding one can cross processes.
     """
 
     def __init__(
@@ -222,7 +223,9 @@ class ShardCache:
         # Entry locks are taken before (never while holding) an LRU stripe.
         self._entries = OpenIndexes(self.index, max_open_indexes, self._build_entry)
         self._counts: dict[tuple[str, str, str], int] = {}  # (path, format, identity) -> rows
-        self._parquet: dict[str, tuple[str, tuple[Any, np.ndarray, Any]]] = {}
+        # Parquet footers by path, the least recently used beyond max_open_indexes dropped
+        # (a footer is a Parquet shard's open index; wide tables have footers of megabytes).
+        self._parquet: OrderedDict[str, tuple[str, tuple[Any, np.ndarray, Any]]] = OrderedDict()
         self._too_big_warned: set[Hashable] = set()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -683,6 +686,8 @@ class ShardCache:
         """(FileMetaData, cumulative row-group bounds, arrow schema) of a Parquet shard."""
         with self._lock:
             entry = self._parquet.get(path)
+            if entry is not None:
+                self._parquet.move_to_end(path)
         if entry is not None and entry[0] == identity:
             return entry[1]
         import pyarrow as pa
@@ -704,6 +709,9 @@ class ShardCache:
         meta = (md, bounds, pf.schema_arrow)
         with self._lock:
             self._parquet[path] = (identity, meta)
+            self._parquet.move_to_end(path)
+            while len(self._parquet) > self.max_open_indexes:
+                self._parquet.popitem(last=False)
         return meta
 
     def _read_parquet(
@@ -747,7 +755,7 @@ class ShardCache:
             try:
                 values = column.to_pylist()
             except UnicodeDecodeError:  # pyarrow does not check a string column's UTF-8
-                values = _text_or_bytes(column)
+                values = text_or_bytes(column)
             sizes = _value_sizes(column, values)
             with self._lock:
                 self.misses += 1
@@ -757,21 +765,6 @@ class ShardCache:
 
         key = (path, PARQUET, text_field, rg, identity)
         return self._cached(key, load)  # type: ignore[no-any-return]
-
-
-def _text_or_bytes(column: Any) -> list[Any]:
-    """The values of a string column holding invalid UTF-8: each valid one as text (as
-    ``to_pylist`` gives it), each invalid one as its bytes, which ``decode_text`` (or
-    ``render_chat``) turns into that record's own ``malformed`` problem, naming its row."""
-    import pyarrow as pa
-
-    out: list[Any] = []
-    for value in column.cast(pa.large_binary()).to_pylist():
-        try:
-            out.append(value if value is None else value.decode("utf-8"))
-        except UnicodeDecodeError:
-            out.append(value)
-    return out
 
 
 _default_cache: ShardCache | None = None
