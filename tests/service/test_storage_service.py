@@ -109,6 +109,24 @@ def test_bad_credentials_and_a_missing_bucket_stop_explain_and_dump_with_one_lin
     assert res.stderr.strip().splitlines()[-1] == line  # the same one line, after the log
 
 
+def test_a_gs_dataset_without_credentials_stops_with_one_line_naming_googles_fix(
+    tmp_path, stream_config
+):
+    # gs:// is untested, but it must not hang (Google's client retried for up to 15 minutes,
+    # saying nothing) nor end in a traceback (a credentials file it cannot read).
+    cfg = yaml.safe_load(stream_config[0].read_text())
+    cfg["datasets"] = [{"name": "web", "path": "gs://zephon-no-such-bucket/web/", "weight": 1}]
+    path = tmp_path / "gs.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {"GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "no-such-creds.json")}
+    res = zephon(["explain", "--config", str(path), "--index-dir", "none"], env, tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("zephon: error: dataset 'web': access to gs://zephon-no-such-bucket/")
+    assert f"Cannot open credentials file {tmp_path / 'no-such-creds.json'}" in line
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in line and "AWS_ACCESS_KEY_ID" not in line
+
+
 def test_explain_never_shows_storage_secrets(tmp_path, s3, stream_config, corpus_dir):
     bucket = s3.bucket(f"sec-{uuid.uuid4().hex[:12]}")
     s3.upload_tree(corpus_dir, bucket, "corpus")

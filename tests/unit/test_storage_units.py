@@ -103,6 +103,7 @@ SDK_ERRORS = [
     ("AWS Error INVALID_ACCESS_KEY_ID during ListObjectsV2 operation", "denied"),
     ("AWS Error NO_SUCH_BUCKET during ListObjectsV2 operation: no bucket", "not_found"),
     ("something else entirely", "error"),
+    ("Status(UNAVAILABLE: ... Could not create a OAuth2 access token to authenticate", "denied"),
 ]
 
 
@@ -167,6 +168,45 @@ def test_requests_do_not_retry_denied_or_missing():
     with pytest.raises(StorageRequestError, match="on the first attempt"):
         requests.call("head", "s3://b/k", attempt)
     assert len(calls) == 1
+
+
+def test_a_gcs_credentials_failure_raised_bare_is_a_denied_request_naming_the_fix():
+    # Google's client reports a credentials file it cannot read as a bare ArrowException (not
+    # an OSError): it escaped the request gate as a traceback.
+    from pyarrow.lib import ArrowException
+
+    requests = Requests(RetryPolicy(5, 0.0, 0.0), 1, StorageStats(), sleep=lambda s: None)
+    preamble = "Permanent error, with a last message of Could not create a OAuth2 access token"
+    cause = "The underlying error message was: Cannot open credentials file /no/creds.json"
+
+    def attempt():
+        raise ArrowException(f"{preamble} to authenticate. {cause} error_info={{...}}")
+
+    with pytest.raises(StorageRequestError) as caught:
+        requests.call("list", "gs://b/k", attempt)
+    message = str(caught.value)
+    assert (
+        "list gs://b/k on the first attempt (denied); last answer: Cannot open credentials "
+        "file /no/creds.json (" in message
+    )
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in message and "AWS_ACCESS_KEY_ID" not in message
+
+
+@pytest.mark.parametrize(
+    ("path", "hint"),
+    [
+        ("s3a://bucket/data/", "write s3:// instead"),
+        ("az://container/data/", "copy the data to S3-compatible storage"),
+        ("https://example.com/a.jsonl", "download the files first"),
+        ("file:///data/web", "without file://"),
+    ],
+)
+def test_a_url_of_a_scheme_not_read_is_a_config_error_not_a_missing_local_path(path, hint):
+    with pytest.raises(ConfigError) as caught:
+        DatasetSpec("web", path, 1.0)
+    scheme = path.split("://")[0]
+    assert f"the URL scheme {scheme}:// is not supported" in str(caught.value)
+    assert hint in str(caught.value)
 
 
 def test_storage_options_validate_and_mask_secrets():

@@ -26,7 +26,7 @@ from .errors import ConfigError, DataError
 from .identity import local_identity, object_identity
 from .index_catalog import count_shards
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
-from .storage import StorageOptions, configure_bucket, is_url
+from .storage import StorageOptions, configure_bucket, is_url, unsupported_scheme
 from .storage.shard_io import identity_of
 
 if TYPE_CHECKING:
@@ -82,6 +82,9 @@ class DatasetSpec:
                 f"{who}: path must be a non-empty string, got {self.path!r} "
                 "(give a directory, a file or a glob pattern)"
             )
+        refused = unsupported_scheme(self.path)
+        if refused:
+            raise ConfigError(f"{who}: path {self.path!r}: {refused}")
         weight = self.weight
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
             raise ConfigError(

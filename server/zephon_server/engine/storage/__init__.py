@@ -15,7 +15,7 @@ every load), and every failure names the URL.
 
 from __future__ import annotations
 
-from .location import SCHEMES, ObjectUrl, is_url
+from .location import SCHEMES, ObjectUrl, is_url, unsupported_scheme
 from .metrics import storage_stats
 from .options import StorageOptions
 from .store import LocalStore, ObjectInfo, Store, configure_bucket, open_store, shard_store
@@ -32,4 +32,5 @@ __all__ = [
     "open_store",
     "shard_store",
     "storage_stats",
+    "unsupported_scheme",
 ]

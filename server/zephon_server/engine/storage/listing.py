@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from .location import ObjectUrl, glob_base, glob_regex, has_glob, hidden
 from .options import StorageOptions
 from .remote import ArrowStore
-from .retry import StorageRequestError
+from .retry import GCS_CREDENTIALS_FIX, StorageRequestError, is_gcs
 from .store import ObjectInfo, bucket_store, configure_bucket
 
 CREDENTIALS_FIX = (
@@ -140,7 +140,8 @@ def _no_bucket(who: str, parsed: ObjectUrl, store: ArrowStore) -> str:
 
 def _startup_error(who: str, url: str, store: ArrowStore, exc: StorageRequestError) -> ConfigError:
     if exc.outcome == "denied":
-        return ConfigError(f"{who}: access to {url} denied ({exc.last}); {CREDENTIALS_FIX}")
+        fix = GCS_CREDENTIALS_FIX if is_gcs(url) else CREDENTIALS_FIX
+        return ConfigError(f"{who}: access to {url} denied ({exc.last}); {fix}")
     if exc.outcome == "not_found":
         return ConfigError(_no_bucket(who, ObjectUrl.parse(url), store))
     return ConfigError(

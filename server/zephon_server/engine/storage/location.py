@@ -25,6 +25,31 @@ SCHEMES: tuple[str, ...] = ("s3", "gs", "gcs", "hdfs")
 GLOB_CHARS = frozenset("*?[")
 
 
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+#: What to say of a scheme that is not read (a hint after the refusal).
+_INSTEAD = {
+    "s3a": "write s3:// instead (s3a:// and s3n:// are Hadoop's names for it)",
+    "s3n": "write s3:// instead (s3a:// and s3n:// are Hadoop's names for it)",
+    "file": "give the local path itself, without file://",
+    "http": "download the files first",
+    "https": "download the files first",
+}
+
+
+def unsupported_scheme(path: str) -> str | None:
+    """Why ``path``, a URL of a scheme that is not read, cannot be a dataset path (None for
+    a supported URL or a local path)."""
+    found = _URL.match(path)
+    if found is None or found.group(1).lower() in SCHEMES:
+        return None
+    scheme = found.group(1).lower()
+    instead = _INSTEAD.get(scheme, "copy the data to S3-compatible storage or a local disk")
+    return (
+        f"the URL scheme {scheme}:// is not supported (object storage is read through s3://, "
+        f"tested, and gs:// and hdfs://, untested); {instead}"
+    )
+
+
 def is_url(path: str) -> bool:
     """Whether ``path`` is an object-store URL (``s3://...``) rather than a local path."""
     scheme, sep, _ = path.partition("://")

@@ -39,7 +39,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"ACCESS_DENIED|INVALID_ACCESS_KEY_ID|SIGNATURE_DOES_NOT_MATCH|EXPIRED_TOKEN|"
             r"INVALID_TOKEN|InvalidAccessKeyId|AccessDenied|HTTP status 40[13]|"
-            r"No response body.*40[13]|credentials",
+            r"No response body.*40[13]|credentials|OAuth2 access token",
             re.IGNORECASE,
         ),
     ),
@@ -73,14 +73,29 @@ class StorageRequestError(DataError):
         tries = f"after {attempts} attempts" if attempts > 1 else "on the first attempt"
         super().__init__(
             f"storage request failed: {operation} {url} {tries} ({outcome}); last answer: "
-            f"{last}{_fix(outcome)}"
+            f"{last}{_fix(outcome, url)}"
         )
 
     def __reduce__(self) -> tuple[type, tuple[str, str, int, str, str]]:
         return (type(self), (self.url, self.operation, self.attempts, self.outcome, self.last))
 
 
-def _fix(outcome: str) -> str:
+#: The fix of a denied gs:// request (Google's credentials are not AWS's).
+GCS_CREDENTIALS_FIX = (
+    "check the credentials: GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth "
+    "application-default login`; or read the bucket through Google's S3-compatible endpoint: "
+    "s3:// with AWS_ENDPOINT_URL=https://storage.googleapis.com and HMAC keys"
+)
+
+
+def is_gcs(url: str) -> bool:
+    """Whether ``url`` is a Google Cloud Storage URL (``gs://`` or ``gcs://``)."""
+    return url.split("://")[0].lower() in ("gs", "gcs")
+
+
+def _fix(outcome: str, url: str = "") -> str:
+    if outcome == "denied" and is_gcs(url):
+        return f" ({GCS_CREDENTIALS_FIX})"
     if outcome in RETRYABLE:
         return (
             " (the store is throttling or failing: lower storage_options.max_concurrency, raise "
@@ -108,10 +123,24 @@ def classify(exc: BaseException) -> str:
     return "error"
 
 
+_UNDERLYING = re.compile(r"The underlying error message was: (.+?)(?: error_info=|$)")
+
+
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (SDK messages may span several)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
+    cause = _UNDERLYING.search(text)  # Google's client puts the cause after a long preamble
+    if cause:
+        text = f"{cause.group(1)} ({text})"
     return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """What a failed request raises: ``OSError`` mostly, ``ValueError``, and pyarrow's bare
+    ``ArrowException`` (Google's client reports a credentials file it cannot read so)."""
+    from pyarrow.lib import ArrowException
+
+    return (OSError, ValueError, ArrowException)
 
 
 @dataclass(frozen=True)
@@ -160,7 +189,7 @@ class Requests:
             with self._slots:
                 try:
                     result = attempt()
-                except (OSError, ValueError) as exc:
+                except _store_errors() as exc:
                     outcome = classify(exc)
                     self._stats.request(operation, outcome, time.perf_counter() - started)
                     if outcome not in RETRYABLE or tries >= self.policy.attempts:

@@ -11,12 +11,15 @@ chain, profiles and instance roles). Three settings are ours rather than the SDK
 * ``allow_delayed_open``: a small write is then one ``PutObject`` (atomic), not a multipart
   upload.
 
-Other schemes (``gs``, ``hdfs``) are opened with ``FileSystem.from_uri`` and their
-own default configuration; only the retry and concurrency options apply to them. Untested.
+Other schemes are opened with their own default configuration: ``gs`` with Google's client
+retrying one request for at most ``request_timeout_s`` (default 10 s), ``hdfs`` with
+``FileSystem.from_uri``; only the retry and concurrency options apply to them. Untested but
+for a gs:// dataset failing in bounded time without credentials.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +28,8 @@ from ..errors import ConfigError
 from .options import StorageOptions
 
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+#: Seconds one gs:// request may take with Google's own retries (``request_timeout_s`` if set).
+GCS_ATTEMPT_S = 10.0
 _S3_ONLY = ("endpoint_url", "region", "access_key", "secret_key", "session_token", "anonymous")
 
 
@@ -70,6 +75,12 @@ def make_filesystem(scheme: str, bucket: str, options: StorageOptions) -> Any:
             f"storage_options.{set_s3_only[0]} applies to s3:// URLs only; {scheme}:// "
             "stores use their own default configuration (remove it)"
         )
+    if scheme in ("gs", "gcs"):
+        # Without a bound, Google's client retries a request (its credentials lookup too) for
+        # up to 15 minutes, saying nothing: a gs:// dataset without credentials or network
+        # hung at start-up. Each attempt is bounded; the retries are :mod:`.retry`'s.
+        limit = options.request_timeout_s or GCS_ATTEMPT_S
+        return pafs.GcsFileSystem(retry_time_limit=datetime.timedelta(seconds=limit))
     try:
         fs, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
     except (OSError, ValueError) as exc:
