@@ -124,7 +124,8 @@ STORAGE = {
     "2^(k-1))] seconds (full jitter).",
     "retry_cap_s": "Backoff cap in seconds.",
     "request_timeout_s": "A request that receives no byte for this many seconds fails as a "
-    "network error and is retried (the SDK's default: 3; on Linux too).",
+    "network error and is retried (the SDK's default: 3; on Linux too). For gs://: the longest "
+    "one request may take with Google's own retries (default 10).",
     "connect_timeout_s": "Seconds to open a connection before it fails as a network error and "
     "is retried (the SDK's default: 1).",
 }

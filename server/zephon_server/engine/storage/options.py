@@ -40,7 +40,8 @@ class StorageOptions:
     full jitter on throttling (429, 503 SlowDown), 5xx answers and connection resets or
     timeouts. ``request_timeout_s``: a request that receives no byte for this long fails as a
     network error and is retried (the SDK's default, 3 s; it holds on Linux, where the SDK
-    applies it as a lowest transfer rate); ``connect_timeout_s``: the same for opening a
+    applies it as a lowest transfer rate; for ``gs://``, the longest one request may take
+    with Google's own retries, default 10 s); ``connect_timeout_s``: the same for opening a
     connection (the SDK's default, 1 s).
     """
 
