@@ -123,11 +123,26 @@ def test_a_rewrite_keeping_size_and_time_is_refused_where_its_lines_moved(tmp_pa
     assert cache.read_rows(info, [1], "text") == [b'{"text": "bb"}']
     path.write_bytes(b'{"text": "xx"}\n{"text": "yyyy"}\n')  # same size, lines moved
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    for row in (0, 1):
-        with pytest.raises(
-            ZephonError, match=r"a.jsonl: the row indexed at bytes .* is not a line"
-        ):
+    for row in (0, 1):  # other data, as a changed identity is: never skipped
+        with pytest.raises(ShardChanged, match=r"a.jsonl: the row indexed at bytes .* is not a"):
             cache.read_rows(info, [row], "text")
+
+
+def test_an_unreadable_shard_under_skip_is_logged_once_and_every_row_counted(
+    tmp_path: Path, caplog
+) -> None:
+    specs = [
+        DatasetSpec("web", str(write_corpus(tmp_path, shards=2)[0].path), 1.0, on_error="skip")
+    ]
+    run = pipeline(specs).run(INLINE)  # planning listed and indexed both shards
+    (tmp_path / "web" / "part-00001.jsonl").unlink()
+    with caplog.at_level("WARNING", logger="zephon_server.engine.ops.fetch"):
+        batches = take(run, 10_000)
+    lines = [r for r in caplog.records if "rows of unreadable shard" in r.getMessage()]
+    assert len(lines) == 1 and "part-00001.jsonl" in lines[0].getMessage()
+    assert run.stats()["skipped"] == {"web": 60}  # every row of the deleted shard, counted
+    assert batches  # the other shard's rows are delivered
+    run.close()
 
 
 def test_a_file_changing_while_it_is_indexed_is_refused(tmp_path: Path, monkeypatch) -> None:

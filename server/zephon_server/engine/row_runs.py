@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .errors import DataError
+from .errors import DataError, ShardChanged
 
 COALESCE_GAP = 1 << 16  # rows closer than this are read with one pread
 MAX_RUN = 1 << 23  # never read more than this in one pread unless a single row is larger
@@ -60,7 +60,7 @@ def _pread_run(
         # The byte before a row (but the first) and the one after it (but at the end of the
         # file) are newlines, or the offsets are not this content's.
         if (a and buf[a - 1] != 10) or (b < len(buf) and buf[b] != 10):
-            raise DataError(misaligned(path, lo[i], hi[i]))
+            raise ShardChanged(misaligned(path, lo[i], hi[i]))  # other data: never skipped
         out[i] = buf[a:b]
 
 

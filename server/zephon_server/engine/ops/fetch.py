@@ -42,6 +42,7 @@ class Fetch(Operator):
         self._datasets = ctx.datasets
         register_storage(ctx.datasets)  # object-store buckets' options, in this process too
         self._cache = ctx.shard_cache
+        self._unreadable: set[str] = set()  # shards whose skipped rows were logged
 
     def process_many(self, elems: list[Any]) -> list[Any]:
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -59,7 +60,7 @@ class Fetch(Operator):
             except DataError as exc:
                 if info.spec.on_error != "skip" or isinstance(exc, ShardChanged):
                     raise  # a changed file is other data, not a bad record: never skipped
-                log.warning("skipping %d rows of unreadable shard: %s", len(positions), exc)
+                self._warn_unreadable(shard.path, len(positions), exc)
                 for i in positions:
                     out[i] = elems[i].tombstone("read_error")
                 continue
@@ -70,6 +71,24 @@ class Fetch(Operator):
                 else:
                     out[i] = SampleRecord({key: value}, elems[i].meta)
         return out
+
+    def _warn_unreadable(self, path: str, rows: int, exc: DataError) -> None:
+        """Log an unreadable shard's skipped rows once per shard and worker (every read of it
+        fails alike: a line per read flooded the log); every row is still counted."""
+        if path in self._unreadable or len(self._unreadable) >= MAX_UNREADABLE_LOGGED:
+            return
+        self._unreadable.add(path)
+        log.warning(
+            "skipping %d rows of unreadable shard (its other rows will be skipped and counted "
+            "as read_error without a line each): %s",
+            rows,
+            exc,
+        )
+
+
+#: Unreadable shards logged per worker (a bound on the set of those logged; past it, their
+#: rows are only counted).
+MAX_UNREADABLE_LOGGED = 1024
 
 
 def _too_large(rec: SampleRecord, info: Any, size: int) -> SampleRecord:
