@@ -127,3 +127,14 @@ def test_parquet_binary_text_column_is_read_as_utf8(tmp_path):
     values = ["plain", "Zürich ✓", "\xff is ÿ"]
     pq.write_table(pa.table({"text": pa.array([v.encode() for v in values], pa.binary())}), path)
     assert parquet_texts(path, "fail") == (sorted(values), {})
+
+
+def test_a_utf16_file_and_a_lone_surrogate_escape_say_what_they_are(tmp_path):
+    path = tmp_path / "u16" / "part0.jsonl"
+    path.parent.mkdir()
+    path.write_bytes('{"text": "one"}\n{"text": "two"}\n'.encode("utf-16"))
+    with pytest.raises(DataError, match=r"line \d: .*is the file UTF-16 \(or binary\)\?"):
+        list(pipeline(path, "fail").run(ExecutionConfig(runner="inline")))
+    path.write_bytes(b'{"text": "fine"}\n{"text": "half a pair \\ud83d"}\n')
+    with pytest.raises(DataError, match=r"line 2: a lone surrogate in the text \(a JSON escape"):
+        list(pipeline(path, "fail").run(ExecutionConfig(runner="inline")))
