@@ -40,6 +40,13 @@ def conversation(*turns: tuple[str, str]) -> dict[str, Any]:
     return {"messages": [{"role": role, "content": content} for role, content in turns]}
 
 
+def byte_op(tmp_path: Path, text: str) -> RenderChat:
+    """``render_chat`` with the byte tokenizer and ``text`` as its template file."""
+    path = tmp_path / "template.jinja"
+    path.write_text(text)
+    return RenderChat(tokenizer="byte", template=str(path))
+
+
 @pytest.fixture
 def template(tmp_path: Path) -> str:
     path = tmp_path / "known_roles.jinja"
@@ -193,13 +200,12 @@ def test_a_conversation_cut_to_max_length_is_logged_once(op, caplog):
 def test_tool_calls_written_only_escaped_to_ascii_are_written(tmp_path):
     # Every tool text inside tojson(ensure_ascii=True): no marker is written as it is, yet the
     # calls are in the text (the layout renders such conversations each time).
-    template = tmp_path / "ascii_calls.jinja"
-    template.write_text(
+    op = byte_op(
+        tmp_path,
         "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
         "{% if m.tool_calls %}{{ m.tool_calls | tojson(ensure_ascii=True) }}{% endif %}"
-        "</s>{% endfor %}"
+        "</s>{% endfor %}",
     )
-    op = RenderChat(tokenizer="byte", template=str(template))
     outs = render(op, [calling(), calling(), calling("Let me look.")])
     for out in outs:
         assert '"name": "get_weather"' in decode(op, out.payload["input_ids"])
@@ -208,13 +214,12 @@ def test_tool_calls_written_only_escaped_to_ascii_are_written(tmp_path):
 
 
 def test_a_content_written_in_another_case_is_written(tmp_path):
-    template = tmp_path / "upper.jinja"
-    template.write_text(
+    op = byte_op(
+        tmp_path,
         "{% for m in messages %}<{{ m.role }}>"
         "{% if m.role == 'system' %}{{ m.content | upper }}{% else %}{{ m.content }}{% endif %}"
-        "</s>{% endfor %}"
+        "</s>{% endfor %}",
     )
-    op = RenderChat(tokenizer="byte", template=str(template))
     conv = conversation(("system", "Be brief."), ("user", "q"), ("assistant", "a"))
     (out,) = render(op, [conv])
     assert decode(op, out.payload["input_ids"]).startswith("<system>BE BRIEF.</s>")
