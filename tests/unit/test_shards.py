@@ -14,6 +14,7 @@ import pytest
 import zstandard
 
 from zephon_server.engine import line_index as line_index_mod
+from zephon_server.engine import parquet_footers
 from zephon_server.engine import shards as shards_mod
 from zephon_server.engine.corpus import write_jsonl, write_parquet
 from zephon_server.engine.datasets import ShardInfo
@@ -229,19 +230,34 @@ def test_parquet_reads_only_needed_row_groups(tmp_path: Path) -> None:
     assert cache.row_group_reads == 10  # served from the LRU
 
 
-@pytest.mark.parametrize("kept", [2, 64])
-def test_parquet_footers_kept_are_bounded_by_max_open_indexes(tmp_path: Path, kept: int) -> None:
-    # One footer per shard a process ever read, never evicted, was memory growing with the
-    # number of Parquet shards (wide tables have footers of megabytes).
+@pytest.mark.parametrize("budget", [1, None])
+def test_parquet_footers_kept_are_bounded(tmp_path: Path, monkeypatch, budget) -> None:
+    # One footer per shard a process ever read, never dropped, was memory growing with the
+    # number of Parquet shards (wide tables have footers of megabytes once parsed).
+    if budget is not None:
+        monkeypatch.setattr(parquet_footers, "FOOTER_BUDGET", budget)
     infos = [
         shard(write_parquet(tmp_path / f"p{i}.parquet", {"t": [f"doc {i}"]}), "parquet")
         for i in range(4)
     ]
-    cache = ShardCache(max_open_indexes=kept)
-    for info in [*infos, infos[0]]:
+    cache = ShardCache()
+    for info in [*infos, infos[3], infos[0]]:
         assert cache.read_rows(info, [0], "t") == [f"doc {infos.index(info)}"]
-    # With 2 kept, shard 0's footer was dropped for shards 2 and 3: read again.
-    assert cache.footer_reads == (5 if kept == 2 else 4)
+    # Over the budget only the newest is kept: shard 3 read again from it, shard 0 re-read.
+    assert cache.footer_reads == (5 if budget == 1 else 4)
+
+
+def test_the_footer_lru_keeps_within_its_budget_newest_first() -> None:
+    footers = parquet_footers.FooterCache(budget=3 * 16 * 100)  # three footers of 100 bytes
+    for name in "abcd":
+        footers.put(name, "v1", name.upper(), 100)
+    assert [footers.get(n, "v1") for n in "abcd"] == [None, "B", "C", "D"]
+    assert footers.get("b", "v2") is None  # another version of the shard: not its footer
+    footers.get("b", "v1")  # b is now the most recently used: c goes first
+    footers.put("e", "v1", "E", 100)
+    assert [footers.get(n, "v1") for n in "bcde"] == ["B", None, "D", "E"]
+    footers.put("huge", "v1", "H", 10**9)  # over the budget alone: kept, every other dropped
+    assert footers.get("huge", "v1") == "H" and footers.get("e", "v1") is None
 
 
 def test_parquet_missing_column_names_file_and_columns(tmp_path: Path) -> None:

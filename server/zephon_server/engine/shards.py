@@ -63,6 +63,7 @@ from .open_indexes import OpenIndexes
 from .parquet_columns import check_field as _check_field
 from .parquet_columns import text_or_bytes
 from .parquet_columns import value_sizes as _value_sizes
+from .parquet_footers import FooterCache
 from .row_runs import pread_rows
 from .shard_index import IndexEntry, ShardIndex
 from .shard_versions import changed as _changed
@@ -175,7 +176,8 @@ class ShardCache:
 
     ``max_bytes`` bounds decompressed JSONL shards, zstd frames and decoded Parquet row groups
     (LRU). ``index`` holds the shards' index entries (default: in memory only);
-    ``max_open_indexes`` bounds the entries kept open, and the Parquet footers kept (LRU).
+    ``max_open_indexes`` bounds the entries kept open; Parquet footers are kept in a bounded
+    LRU (:mod:`.parquet_footers`).
     Counters ``hits``, ``misses``, ``evictions``, ``index_builds``, ``decompressions``,
     ``frame_reads``, ``footer_reads``, ``row_group_reads`` and ``bytes_cached`` are plain
     attributes for metrics. Pickling a cache yields an empty cache with the same budget and
@@ -223,9 +225,7 @@ class ShardCache:
         # Entry locks are taken before (never while holding) an LRU stripe.
         self._entries = OpenIndexes(self.index, max_open_indexes, self._build_entry)
         self._counts: dict[tuple[str, str, str], int] = {}  # (path, format, identity) -> rows
-        # Parquet footers by path, the least recently used beyond max_open_indexes dropped
-        # (a footer is a Parquet shard's open index; wide tables have footers of megabytes).
-        self._parquet: OrderedDict[str, tuple[str, tuple[Any, np.ndarray, Any]]] = OrderedDict()
+        self._footers = FooterCache()
         self._too_big_warned: set[Hashable] = set()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -286,8 +286,7 @@ class ShardCache:
         if fmt not in FORMATS:
             raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
         rows = self._build_entry(shard_path, fmt, identity).rows
-        with self._lock:
-            self._parquet.pop(shard_path, None)
+        self._footers.forget(shard_path)
         return rows, True
 
     def remember_rows(self, shard_path: str, fmt: str, identity: str, rows: int) -> None:
@@ -365,7 +364,7 @@ class ShardCache:
         with self._lock:
             self._lru.clear()
             self._counts.clear()
-            self._parquet.clear()
+            self._footers.clear()
             self.bytes_cached = 0
         self._entries.clear()
         self.index.store.forget_memory()
@@ -684,12 +683,9 @@ class ShardCache:
 
     def _parquet_meta(self, path: str, identity: str) -> tuple[Any, np.ndarray, Any]:
         """(FileMetaData, cumulative row-group bounds, arrow schema) of a Parquet shard."""
-        with self._lock:
-            entry = self._parquet.get(path)
-            if entry is not None:
-                self._parquet.move_to_end(path)
-        if entry is not None and entry[0] == identity:
-            return entry[1]
+        kept = self._footers.get(path, identity)
+        if kept is not None:
+            return kept  # type: ignore[no-any-return]
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -707,11 +703,7 @@ class ShardCache:
         bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=bounds[1:])
         meta = (md, bounds, pf.schema_arrow)
-        with self._lock:
-            self._parquet[path] = (identity, meta)
-            self._parquet.move_to_end(path)
-            while len(self._parquet) > self.max_open_indexes:
-                self._parquet.popitem(last=False)
+        self._footers.put(path, identity, meta, int(md.serialized_size))
         return meta
 
     def _read_parquet(
