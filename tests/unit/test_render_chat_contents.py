@@ -223,3 +223,11 @@ def test_a_content_written_in_another_case_is_written(tmp_path):
     conv = conversation(("system", "Be brief."), ("user", "q"), ("assistant", "a"))
     (out,) = render(op, [conv])
     assert decode(op, out.payload["input_ids"]).startswith("<system>BE BRIEF.</s>")
+
+
+def test_a_left_out_content_whose_text_is_elsewhere_in_the_rendering_is_named(op):
+    # Its text repeated by the answer, or short enough to be template text: still left out.
+    for aside, answer in (("It rains.", "It rains. Take a coat."), ("user", "a")):
+        conv = conversation(("narrator", aside), ("user", "q"), ("assistant", answer))
+        with pytest.raises(DataError, match=r"message 0 \(narrator\): the chat template writes"):
+            render(op, [conv])

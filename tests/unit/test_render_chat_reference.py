@@ -27,6 +27,7 @@ import pytest
 from tests.support.chat_helpers import chat_tokenizer, trained_runs
 from tests.support.chat_helpers import render_rows as render
 from tests.support.chat_reference import (
+    LLAMA_DATE,
     QWEN3,
     TOOLS,
     assert_same_ids,
@@ -193,6 +194,20 @@ def test_a_tool_call_turn_whose_empty_content_is_left_out_trains_its_calls(conte
     assert turns[0].startswith("<tool_call>\n") and turns[1] == "It means short-lived.<|im_end|>"
     assert out.payload["input_ids"].tolist() == hf_ids(tok, record)
     assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == turns
+
+
+@pytest.mark.parametrize("name", ["llama3_2", "qwen3"])
+def test_null_fields_are_left_out_as_apply_chat_template_leaves_them_out(name):
+    # OpenAI exports write "tool_calls": null on plain turns; Llama 3.2's template tests
+    # `'tool_calls' in message`, and failed on the null (every such record a chat_error).
+    op, tok = real(name)
+    record = {
+        "messages": [
+            {"role": "user", "content": "Hi", "name": None},
+            {"role": "assistant", "content": "Hello!", "tool_calls": None},
+        ]
+    }
+    assert_same_ids(op, tok, [record], **LLAMA_DATE)  # the reference drops the nulls itself
 
 
 def test_a_worded_content_the_template_leaves_out_is_an_error_naming_the_fix():

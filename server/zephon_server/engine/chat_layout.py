@@ -76,12 +76,24 @@ def check_messages(value: Any, field: str, max_messages: int) -> list[dict[str, 
         if type(message) is dict:  # the common case, checked inline
             role, content = message.get("role"), message.get("content")
             if type(content) is str and type(role) is str and role:
+                if len(message) > 2 and None in message.values():
+                    nulls = True  # a null field, such as OpenAI exports' "tool_calls": null
                 continue
         _check_message(field, i, message)  # raises, unless a null content beside tool calls
         nulls = True
     if nulls:
-        return [{**m, "content": ""} if m.get("content") is None else m for m in value]
+        return [_without_nulls(m) for m in value]
     return value
+
+
+def _without_nulls(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as templates see it from Hugging Face: a null field left out (as
+    ``apply_chat_template`` leaves it out), a null content beside tool calls empty."""
+    if None not in message.values():
+        return message
+    out = {k: v for k, v in message.items() if v is not None}
+    out["content"] = message["content"] if message.get("content") is not None else ""
+    return out
 
 
 def _check_message(field: str, i: int, message: Any) -> None:
@@ -186,22 +198,18 @@ def _content_ranges(
 
 
 def _check_written(
-    template: ChatTemplate, messages: Sequence[dict[str, Any]], indices: list[int], full: str
+    template: ChatTemplate, messages: Sequence[dict[str, Any]], indices: list[int]
 ) -> None:
     """A :class:`ChatError` for a part of a message that the template writes nothing of, and
     that would silently be missing from the tokens: an untrained message's content (a role
     the template does not know, such as ShareGPT's ``human`` or a ``narrator``), or any
-    message's tool calls (a template without tool support). A content found verbatim in ``full`` is
-    written; the other contents (rewritten by the template, say escaped by ``tojson``) and
-    the tool texts are looked for as markers in one more rendering. (A skeleton's
+    message's tool calls (a template without tool support). The untrained contents and the
+    tool texts are looked for as markers in one more rendering (as they are, in another case
+    or JSON-escaped; a content's text found in the rendering proves nothing). (A skeleton's
     conversation needs no content check: every content but an empty assistant one is a slot
     it writes; its tool calls are checked when it is made.)"""
     trained = set(indices)
-    suspects = [
-        i
-        for i, m in enumerate(messages)
-        if i not in trained and m["content"].strip() and m["content"].strip() not in full
-    ]
+    suspects = [i for i, m in enumerate(messages) if i not in trained and m["content"].strip()]
     calls = any(len(m) > 2 and m.get("tool_calls") for m in messages)
     if not suspects and not calls:
         return
@@ -364,7 +372,7 @@ def layout_chat(
         if contents is not None and None not in closes.values() and starts is not None:
             found = cast(dict[int, str], closes)  # no None among them
             return _layout(messages, indices, full, contents, found.__getitem__, starts)
-    _check_written(template, messages, indices, full)
+    _check_written(template, messages, indices)
     contents = _content_ranges(template, messages, indices, full)
     close = functools.partial(_close, template, messages)
     starts = _reasoning_starts(template, messages, indices, full, contents, reasoning)

@@ -85,8 +85,9 @@ FIXES = {
 #: conversational prompt/completion record (two lists of messages) renders, where it was a
 #: chat_error. 5: an untrained message whose content the template writes nothing of (a role
 #: it does not know) is a chat_error, where it was left out of the tokens. 6: so are tool calls
-#: the template writes nothing of, and tool definitions it never reads.
-LAYOUT_VERSION = 6
+#: the template writes nothing of, and tool definitions it never reads. 7: a message's null
+#: field (``"tool_calls": null``) is left out, as Hugging Face leaves it out.
+LAYOUT_VERSION = 7
 
 
 class RecordProblem(Exception):
