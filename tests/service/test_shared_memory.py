@@ -284,13 +284,16 @@ def test_the_raw_protocol_offer_accept_unlink(stream_config, stream_expected):
 def test_a_declined_ring_leaves_the_bytes_in_the_messages(stream_config, stream_expected):
     cfg, work = stream_config
     with server(["--config", str(cfg)], work) as srv:
-        reply = pb.RingReply(accepted=False, reason="another host")
+        forged = "another host\n2026-12-03 21:00:00,000 ERROR zephon.serve: FORGED"
+        reply = pb.RingReply(accepted=False, reason=forged)
         offer, ring, out = read_raw(srv.stub(), 2, reply)
         assert offer is not None and ring is None
         assert not any(in_ring for *_, in_ring in out)
         assert checked_chain([d for _, d, _ in out]) == stream_expected[2]
         assert not Path(offer.path).exists()
-        assert "declined the shared-memory ring: another host" in srv.output()
+        # The client's reason is logged quoted: it cannot forge a line of the server's log.
+        assert "declined the shared-memory ring: 'another host\\n2026-12-03" in srv.output()
+        assert not any(line.startswith("2026-12-03 21:00") for line in srv.output().splitlines())
 
 
 def test_no_offer_with_shm_ring_mib_0_and_a_reply_without_offer_is_refused(

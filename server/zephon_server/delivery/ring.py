@@ -156,7 +156,8 @@ class Ring:
             if not self.accepted:
                 self._unmap()
         if not accepted:
-            log.info("client declined the shared-memory ring: %s", reason or "no reason")
+            # repr: the client's text, newlines and all, cannot pass for lines of the log
+            log.info("client declined the shared-memory ring: %r", reason or "no reason")
 
     def place(
         self, batches: Sequence[NumberedBatch], acknowledged: int

@@ -408,7 +408,11 @@ class PipelineRun:
                 self.tombstones[(names[meta.dataset_id].spec.name, meta.tombstone)] += 1
 
     def stats(self) -> dict[str, Any]:
-        """Counters so far: batches, tokens, skipped malformed records per dataset, tombstones."""
+        """Counters so far: batches, tokens, skipped malformed records per dataset, tombstones.
+
+        ``batches`` and ``tokens`` count what the lanes *produced*: under ``end_of_data:
+        shortest`` that includes the batches cut after the common end (``end_of_data`` in the
+        result says how many per lane), which were never delivered."""
         skipped: Counter[str] = Counter()
         reasons: Counter[str] = Counter()
         with self._lock:
