@@ -393,3 +393,22 @@ def golden_digest(by):
 @pytest.mark.parametrize("by", ["tokens", "samples", "loss_tokens"])
 def test_golden(by):
     assert golden_digest(by) == GOLDEN[by]
+
+
+@pytest.mark.parametrize("long_tokens", [1, 100])
+def test_a_dataset_the_supply_starves_is_reported_once(caplog, long_tokens):
+    # Half the records each, but "web"'s carry 1 token and "code"'s long_tokens: by tokens no
+    # reordering can give "web" half, and the shares drifted without a word.
+    ctx = context({"web": 0.5, "code": 0.5}, lanes=1)
+    _, acc = make(ctx=ctx, by="tokens", buffer_size=8)
+    stream = [record(0, i, i % 2, 1 if i % 2 == 0 else long_tokens) for i in range(400)]
+    with caplog.at_level("WARNING", logger="zephon_server.engine.ops.mixture"):
+        for i in range(0, len(stream), 10):
+            acc.push_many(stream[i : i + 10])
+    lines = [r.getMessage() for r in caplog.records]
+    if long_tokens == 1:
+        assert lines == []  # the supply matches the weights: nothing to say
+    else:
+        (line,) = lines
+        assert "ensure_mixture: dataset 'web' holds 1.7% of the tokens emitted" in line
+        assert "Raise 'web''s weight in the datasets" in line

@@ -39,6 +39,7 @@ deficits start from zero (a fresh lane). End of stream does the same for every l
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from collections import deque
@@ -54,13 +55,16 @@ from .base import OpContext, Operator, OpTraits
 
 #: Weights become integers ``round(weight * WEIGHT_SCALE)`` for exact deficit arithmetic.
 WEIGHT_SCALE = 1_000_000
+log = logging.getLogger(__name__)
 MIXTURE_UNITS: tuple[str, ...] = ("tokens", "samples", "loss_tokens")
+#: A dataset under half its share is reported once the lane emitted this many buffers' worth.
+STARVED_AFTER_BUFFERS = 4
 
 
 class _MixtureLane:
     """Per-lane state: one FIFO and the emitted amount per managed dataset."""
 
-    __slots__ = ("buffered", "emitted", "fifos", "total")
+    __slots__ = ("buffered", "emitted", "fifos", "records", "total")
 
     def __init__(self, datasets: Sequence[int]) -> None:
         # Per dataset: (size, record) in arrival order; size in tokens or samples.
@@ -68,6 +72,7 @@ class _MixtureLane:
         self.emitted: dict[int, int] = dict.fromkeys(datasets, 0)
         self.total = 0  # sum of emitted
         self.buffered = 0  # records in all FIFOs
+        self.records = 0  # records emitted
 
 
 class MixtureAccumulator(Accumulator):
@@ -76,7 +81,14 @@ class MixtureAccumulator(Accumulator):
     ``weights`` maps dataset id to a positive integer weight; other datasets pass through.
     """
 
-    def __init__(self, weights: dict[int, int], *, by: str = "tokens", buffer_size: int = 256):
+    def __init__(
+        self,
+        weights: dict[int, int],
+        *,
+        by: str = "tokens",
+        buffer_size: int = 256,
+        names: Sequence[str] = (),
+    ):
         if by not in MIXTURE_UNITS:
             raise ValueError(f"by must be one of {list(MIXTURE_UNITS)}, got {by!r}")
         if not isinstance(buffer_size, int) or buffer_size < 1:
@@ -89,6 +101,8 @@ class MixtureAccumulator(Accumulator):
         self.buffer_size = buffer_size
         self.reads_payload = by != "samples"
         self._lanes: dict[int, _MixtureLane] = {}
+        self._names = list(names)  # dataset names by id, for the warning
+        self._warned = False
 
     # -- the rule ------------------------------------------------------------------------
 
@@ -125,6 +139,7 @@ class MixtureAccumulator(Accumulator):
         size, elem = lane.fifos[d].popleft()
         lane.emitted[d] += size
         lane.total += size
+        lane.records += 1
         lane.buffered -= 1
         out.append(elem)
 
@@ -136,9 +151,34 @@ class MixtureAccumulator(Accumulator):
             if not lane.fifos[target]:
                 if lane.buffered <= self.buffer_size:
                     return
+                if not self._warned:
+                    self._warn_starved(lane, target)
                 target = self._best(lane, non_empty=True)
                 assert target is not None
             self._emit(lane, target, out)
+
+    def _warn_starved(self, lane: _MixtureLane, d: int) -> None:
+        """Log once when a dataset the lane waits for holds under half its share after many
+        buffers' worth of records: the supply, not the order, is what is short."""
+        share = lane.emitted[d] / lane.total if lane.total else 1.0
+        target = self.weights[d] / self.total_weight
+        if share >= target / 2 or lane.records < STARVED_AFTER_BUFFERS * self.buffer_size:
+            return
+        self._warned = True
+        name = self._names[d] if d < len(self._names) else f"#{d}"
+        log.warning(
+            "ensure_mixture: dataset %r holds %.1f%% of the %s emitted, against its weight's "
+            "%.1f%%, and none of its records is waiting: this operator only reorders what the "
+            "source hands out, and the source hands out records by count (datasets' weights). "
+            "Raise %r's weight in the datasets in proportion to how few %s its records carry. "
+            "Logged once per worker.",
+            name,
+            100 * share,
+            self.by,
+            100 * target,
+            name,
+            self.by,
+        )
 
     def _drain(self, lane: _MixtureLane, out: list[Any]) -> None:
         while lane.buffered:
@@ -292,7 +332,10 @@ class EnsureMixture(Operator):
 
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         return MixtureAccumulator(
-            self.resolve_weights(ctx), by=self.by, buffer_size=self.buffer_size
+            self.resolve_weights(ctx),
+            by=self.by,
+            buffer_size=self.buffer_size,
+            names=[info.spec.name for info in ctx.datasets],
         )
 
     def process_many(self, elems: list[Any]) -> list[Any]:
