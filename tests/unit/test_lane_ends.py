@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 
 from tests.support.builders import make_pipeline
+from zephon_server.engine.checkpoint import CheckpointError
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.errors import ConfigError
 from zephon_server.engine.execution import ExecutionConfig
@@ -241,6 +242,19 @@ def test_a_resume_at_any_positions_ends_at_the_same_seq(both, corpus_specs):
         assert sorted(ended) == [0, 1, 2, 3]
         assert chains == {lane: v[cut[lane] :] for lane, v in shortest.items()}
         assert resumed.stats()["end_of_data"]["end"] == end
+
+
+def test_a_checkpoint_past_the_common_end_is_refused(both, corpus_specs):
+    # The lane that produced furthest could be saved at a cut batch; resumed, it ended later
+    # than the others.
+    longest = both["longest"][0]
+    end = len(both["shortest"][0][0])
+    lane = max(longest, key=lambda n: len(longest[n]))
+    run = stateful(corpus_specs, "shortest").run(ExecutionConfig(runner="inline"))
+    list(run)
+    with pytest.raises(CheckpointError, match=rf"lane {lane}: position {end + 1} is past the "):
+        run.checkpoint({lane: end + 1})
+    assert run.checkpoint({lane: end}).lanes[lane].next_seq == end  # the end itself is fine
 
 
 def test_a_lane_resumed_past_the_common_end_ends_where_it_is(caplog):
