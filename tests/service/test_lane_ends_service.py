@@ -18,6 +18,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import pytest
 
 from zephon_client import DataClient
@@ -168,6 +169,15 @@ def test_a_lone_reader_of_one_lane_reaches_the_common_end(setup):
         batches, last = read_lane(srv.stub(), 1, count=None, consumer="alone")
         assert [b.chain_digest.hex() for b in batches] == longest[1][:end]
         assert last is not None and last.next_seq == end
+        # Past the lane's own end (cut batches counted) is never "not yet reachable".
+        beyond = max(len(v) for v in longest.values()) + 1
+        with pytest.raises(grpc.RpcError) as caught:
+            read_lane(srv.stub(), 1, start_seq=beyond, consumer="late")
+        assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert (
+            f"lane 1: seq {beyond} is past the lane's end: it ends at seq {end}, the "
+            "common end of every lane" in caught.value.details()
+        )
 
 
 def test_a_resume_at_uneven_positions_on_other_ranks_ends_at_the_same_seq(setup):

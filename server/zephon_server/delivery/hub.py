@@ -483,6 +483,8 @@ class LaneHub:
             st = self._lane(lane)
             oldest = self._oldest(st)
             newest = self._newest(st)
+            if start_seq > newest and st.end is not None:
+                raise OutOfRange(self._past_end(lane, start_seq, newest))
             if start_seq < oldest or start_seq > newest:
                 when = "no longer" if start_seq < oldest else "not yet"
                 older = (
@@ -501,6 +503,17 @@ class LaneHub:
             else:
                 self._join_replay(st, consumer, start_seq, start_seq)
         return LaneReader(self, lane, consumer, start_seq, generation)
+
+    def _past_end(self, lane: int, seq: int, last: int) -> str:
+        """What to say of a seq past a lane that ended (at the common end, if there is one)."""
+        gate = self.end_gate
+        common = gate.ends.end if gate is not None else None
+        where = (
+            f"seq {common}, the common end of every lane (end_of_data: shortest)"
+            if common is not None
+            else f"seq {last}"
+        )
+        return f"lane {lane}: seq {seq} is past the lane's end: it ends at {where}"
 
     def _join_replay(
         self, st: LaneBuffer, consumer: str, seq: int, acked: int, forced: bool = False
