@@ -372,17 +372,17 @@ class PipelineRun:
             log_ = self.logs.get(lane)
             if log_ is None:
                 raise CheckpointError(f"lane {lane} is not part of this run ({self.lanes})")
+            if next_seq > log_.next_seq:
+                raise CheckpointError(
+                    f"lane {lane}: position {next_seq} was not produced yet "
+                    f"(produced up to {log_.next_seq})"
+                )
             end = self.ends.end if self.ends is not None else None
             if end is not None and next_seq > max(end, log_.start.next_seq):
                 raise CheckpointError(
                     f"lane {lane}: position {next_seq} is past the common end {end} of this "
                     "run (end_of_data: shortest ends every lane there; the batches after it "
                     f"were cut and never delivered): give a position of {end} at most"
-                )
-            if next_seq > log_.next_seq:
-                raise CheckpointError(
-                    f"lane {lane}: position {next_seq} was not produced yet "
-                    f"(produced up to {log_.next_seq})"
                 )
             cut = log_.cut(next_seq)
             if cut is None:
