@@ -517,8 +517,14 @@ def run_network_scenario(
             options = (
                 DEFAULT_CHANNEL_OPTIONS if fault.endswith("default-keepalive") else FAST_KEEPALIVE
             )
+            # Faults on bytes act on the TCP stream: tensors that travel through a shared-
+            # memory ring would pass them by (a reset after N bytes might never come).
             client = DataClient(
-                proxy.address, reconnect_timeout=30, rpc_timeout=30, channel_options=options
+                proxy.address,
+                reconnect_timeout=30,
+                rpc_timeout=30,
+                channel_options=options,
+                shared_memory=fault.startswith("blackhole"),
             )
             try:
                 _apply_fault(proxy, fault)

@@ -221,9 +221,10 @@ def tagged(tag: str) -> list[int]:
 
 def sigterm_during_start(
     args: list[str], workdir: Path, delay: float, ready=sigterm_handled
-) -> tuple[int, str]:
+) -> tuple[int, str, bool]:
     """Start ``zephon serve``, SIGTERM it ``delay`` s after ``ready(pid)`` (polled through
-    /proc), wait; returns (exit code, output) once none of its processes is left."""
+    /proc), wait; returns (exit code, output, whether ``ready`` still held just before the
+    signal went) once none of its processes is left."""
     tag = uuid.uuid4().hex
     log_path = workdir / f"serve-{tag}.log"
     with open(log_path, "wb") as log:
@@ -240,6 +241,7 @@ def sigterm_during_start(
                 assert time.monotonic() < deadline, "no SIGTERM handler within 60 s"
                 time.sleep(0.002)
             time.sleep(delay)
+            still_ready = proc.poll() is None and ready(proc.pid)
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
         finally:
@@ -250,7 +252,7 @@ def sigterm_during_start(
     while tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert tagged(tag) == [], f"processes left after exit: {tagged(tag)}"
-    return code, log_path.read_text(errors="replace")
+    return code, log_path.read_text(errors="replace"), still_ready
 
 
 SIGTERM_DELAYS = (0.0, 0.3, 0.8, 1.5, 3.0)
@@ -271,7 +273,7 @@ def run_sigterm_during_start_up(
     outcomes: list[str] = []
     codes = []
     for delay in SIGTERM_DELAYS:
-        code, log = sigterm_during_start(args, tmp_path, delay)
+        code, log, _ = sigterm_during_start(args, tmp_path, delay)
         codes.append(code)
         assert code in (0, 143), (delay, code, log[-3000:])
         assert "Traceback" not in log, log[-3000:]
