@@ -207,9 +207,7 @@ def test_sigterm_while_the_allocator_re_executes_is_kept_for_the_new_image(setup
     args = ["--config", str(setup[1]), "--allocator", libm, "--log-interval", "0"]
     held = []
     for delay in (0.0, 0.05, 0.3):  # while the first image or the new one holds it back
-        code, log, still_held = sigterm_during_start(
-            args, tmp_path, delay, ready=stop_signals_held
-        )
+        code, log, still_held = sigterm_during_start(args, tmp_path, delay, ready=stop_signals_held)
         assert code == 0 and "Traceback" not in log, (code, log[-3000:])
         # Sent while held back: kept, and acted on before serving. Sent later, a fast
         # start-up (a cached index) may reach SERVING first and drain as usual.
