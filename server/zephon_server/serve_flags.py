@@ -52,8 +52,12 @@ def parse_lanes(text: str | None) -> list[int] | None:
     try:
         for part in text.split(","):
             if "-" in part:
-                lo, hi = part.split("-", 1)
-                lanes.extend(range(int(lo), int(hi) + 1))
+                lo, hi = (int(end) for end in part.split("-", 1))
+                if lo > hi:
+                    raise ZephonError(
+                        f"--lanes: the range {part.strip()} runs backwards; write {hi}-{lo}"
+                    )
+                lanes.extend(range(lo, hi + 1))
             else:
                 lanes.append(int(part))
     except ValueError:

@@ -216,6 +216,10 @@ def test_a_lane_sharded_server_refuses_shortest_on_finite_data(setup):
     assert res.returncode != 0
     assert "end_of_data: shortest needs every lane in one server" in res.stderr
     assert "set end_of_data: longest" in res.stderr
+    # A lane that does not exist is named first: dropping it is the fix, not the policy.
+    res = serve_once(args(source, "--lanes", "0-9"), work)
+    assert res.returncode != 0 and "end_of_data" not in res.stderr, res.stderr
+    assert "lane 4 does not exist; the pipeline has lanes 0..3" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("policy", ["shortest", "longest"])

@@ -138,6 +138,7 @@ def test_the_cut_needs_every_lane_and_a_finite_stream(corpus_specs, tmp_path):
         check_served(pipe, [0, 1])
     check_served(pipe, None)
     check_served(pipe, [3, 2, 1, 0])
+    check_served(pipe, [0, 9])  # a lane that does not exist is the hub's to name
     endless = Pipeline([replace(s, exhaustion="repeat") for s in corpus_specs], lanes=4)
     assert not applies(endless, range(4))
     check_served(endless, [0, 1])

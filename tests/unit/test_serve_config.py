@@ -175,3 +175,7 @@ def test_check_number_is_the_one_range_check():
 def test_parse_lanes():
     assert parse_lanes("0,1,4-7") == [0, 1, 4, 5, 6, 7]
     assert parse_lanes(None) is None and parse_lanes("") is None
+    with pytest.raises(ZephonError, match=r"--lanes: the range 3-1 runs backwards; write 1-3"):
+        parse_lanes("0,3-1")
+    with pytest.raises(ZephonError, match=r"--lanes: expected a list like 0,1,4-7"):
+        parse_lanes("-3")

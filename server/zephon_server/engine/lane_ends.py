@@ -366,6 +366,8 @@ def check_served(pipeline: Any, lanes: Sequence[int] | None) -> None:
     end at different seqs (:class:`ConfigError` naming both fixes)."""
     if pipeline.end_of_data != SHORTEST or not finite(pipeline) or lanes is None:
         return
+    if any(not 0 <= lane < pipeline.lanes for lane in lanes):
+        return  # a lane that does not exist: the hub names it, the first thing to fix
     if sorted(set(lanes)) == list(range(pipeline.lanes)):
         return
     raise ConfigError(
