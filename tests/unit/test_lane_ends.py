@@ -215,7 +215,13 @@ def test_shortest_ends_every_lane_at_the_shortest_lanes_end(both):
     assert shortest == {lane: v[:end] for lane, v in longest.items()}  # prefixes, same digests
     assert sorted(ended) == [0, 1, 2, 3]
     cut = {lane: len(v) - end for lane, v in longest.items()}
-    assert stats["end_of_data"] == {"policy": "shortest", "end": end, "cut": cut}
+    produced = {lane: len(v) for lane, v in longest.items()}  # cut batches included
+    assert stats["end_of_data"] == {
+        "policy": "shortest",
+        "end": end,
+        "cut": cut,
+        "produced": produced,
+    }
 
 
 def test_every_document_is_still_closed_once(both, corpus_specs):

@@ -747,12 +747,18 @@ class LaneHub:
         """Per-lane figures for metrics and progress logs."""
         with self._cond:
             end_of_data = self.end_gate.stats() if self.end_gate is not None else None
-            cut = end_of_data["cut"] if end_of_data is not None else {}
+            ends = end_of_data or {}
+            cut, made, end = ends.get("cut", {}), ends.get("produced", {}), ends.get("end")
             lanes = {
                 lane: {
-                    "produced": st.next_seq,
+                    # Every batch the lane made, cut ones too (they are never kept, so the
+                    # log's next seq stops at the end); unconsumed counts what a reader can
+                    # still take: a cut batch is never acknowledged.
+                    "produced": max(st.next_seq, made.get(lane, 0)),
                     "acked": st.slowest(),
-                    "unconsumed": st.next_seq - st.slowest(),
+                    "unconsumed": max(
+                        0, (st.next_seq if end is None else min(st.next_seq, end)) - st.slowest()
+                    ),
                     "buffered": len(st.batches),
                     "consumers": len(st.consumers) + len(st.replaying),
                     "replay_readers": len(st.replaying),

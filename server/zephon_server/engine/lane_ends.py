@@ -273,8 +273,10 @@ class LaneEnds:
         }
 
     def stats(self) -> dict[str, Any]:
-        """The policy, the common end (None until final) and the batches cut per lane."""
-        return {"policy": self.policy, "end": self.end, "cut": self.cut()}
+        """The policy, the common end (None until final), the batches cut per lane and the
+        batches each lane produced (absolute seq, cut ones included)."""
+        produced = {lane: st.produced for lane, st in self._lanes.items()}
+        return {"policy": self.policy, "end": self.end, "cut": self.cut(), "produced": produced}
 
 
 def deliver(

@@ -135,7 +135,8 @@ def _lane_metrics(stats: dict[str, Any]) -> Iterator[Any]:
     """Per lane: consumer lag, batches buffered and produced, open streams."""
     lag = GaugeMetricFamily(
         "zephon_consumer_lag_batches",
-        "Batches produced but not yet acknowledged, per lane",
+        "Batches produced but not yet acknowledged, per lane (batches cut at the common end "
+        "of a finite stream are never acknowledged and do not count)",
         labels=["lane"],
     )
     buffered = GaugeMetricFamily(
@@ -143,14 +144,15 @@ def _lane_metrics(stats: dict[str, Any]) -> Iterator[Any]:
     )
     produced = CounterMetricFamily(
         "zephon_lane_batches_produced",
-        "Batches produced per lane (absolute seq)",
+        "Batches produced per lane (absolute seq; with end_of_data: shortest, the cut ones "
+        "past the common end too)",
         labels=["lane"],
     )
     consumers = GaugeMetricFamily(
         "zephon_lane_consumers", "Open streams registered on a lane", labels=["lane"]
     )
     for lane, st in stats["lanes"].items():
-        lag.add_metric([str(lane)], st["produced"] - st["acked"])
+        lag.add_metric([str(lane)], st["unconsumed"])
         buffered.add_metric([str(lane)], st["buffered"])
         produced.add_metric([str(lane)], st["produced"])
         consumers.add_metric([str(lane)], st["consumers"])

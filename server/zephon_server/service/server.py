@@ -370,7 +370,7 @@ class Server:
             batches = self.metrics.batches_sent._value.get()
             tokens = self.metrics.tokens_sent._value.get()
             stats = self.hub.stats()
-            lag = max((s["produced"] - s["acked"] for s in stats["lanes"].values()), default=0)
+            lag = max((s["unconsumed"] for s in stats["lanes"].values()), default=0)
             run = self.hub.run
             stalled = sum(d.stalled_lanes for d in run.drivers) if run else 0
             dt = max(now - last, 1e-9)
