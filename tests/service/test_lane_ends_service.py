@@ -134,9 +134,7 @@ def test_shortest_ends_every_lane_at_the_shortest_end_with_longest_prefixes(setu
         assert value(text, "zephon_lanes_common_end") == end
         # Produced counts the cut batches too; the lag does not (they are never acknowledged).
         for lane, chain in longest.items():
-            assert value(text, f'zephon_lane_batches_produced_total{{lane="{lane}"}}') == len(
-                chain
-            )
+            assert value(text, f'zephon_lane_batches_produced_total{{lane="{lane}"}}') == len(chain)
             assert value(text, f'zephon_consumer_lag_batches{{lane="{lane}"}}') == 0, text
     # zephon dump prints the same streams (it runs every lane, even for one of them).
     dump = subprocess.run(
