@@ -33,7 +33,8 @@ RAW = (
 )
 #: Escapes non-ASCII in its arguments: a marker escaped, so nothing can be filled.
 ASCII = RAW.replace("tojson", "tojson(ensure_ascii=True)")
-#: Writes contents (and calls) as JSON: not verbatim, so never attributed (nor traced).
+#: Writes contents (and calls) as JSON: an escaped assistant content is not verbatim, so
+#: never attributed (nor traced); another turn's trains as written under train_on: all.
 DUMP = (
     "{% for m in messages %}<{{ m.role }}>{{ m.content | tojson }}"
     "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}\n{% endfor %}"
@@ -92,9 +93,11 @@ def test_tool_slots_give_the_layouts_of_the_renderings(name, train_on):
     tpl = template(name)
     convs = [conversation(k) for k in range(36)] + [conversation(k, "string") for k in range(12)]
     plain = [outcome(tpl, m, train_on, None) for m in convs]
-    errors = [x for x in plain if isinstance(x, str)]  # dump: trained contents JSON escapes
-    assert bool(errors) == (name == "dump" and train_on == "all"), errors
-    assert all("not written verbatim" in e for e in errors)
+    # dump: a tool's answer JSON-escaped trains as written under "all" (not the model's turn)
+    assert not [x for x in plain if isinstance(x, str)]
+    if name == "dump":  # the model's own turn must be written verbatim
+        escaped = [*convs[0][:3], {"role": "assistant", "content": 'say "hi"'}]
+        assert "not written verbatim" in outcome(tpl, escaped, train_on, None)
     skeletons = Skeletons(tpl)
     for m in convs:  # shapes met, traced at their second meeting
         outcome(tpl, m, train_on, skeletons)

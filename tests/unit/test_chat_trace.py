@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.chat_helpers import CHATML, Counting
-from zephon_server.engine.chat_layout import ChatError, layout_chat
+from zephon_server.engine.chat_layout import ChatError, end_of_turn, layout_chat
 from zephon_server.engine.chat_skeleton import Skeletons
 from zephon_server.engine.chat_template import ChatTemplate, TemplateSource, find_template
 from zephon_server.engine.chat_trace import MARKER, Tracer, holds, marker
@@ -299,6 +299,7 @@ def test_a_shape_is_traced_when_it_is_met_a_second_time():
     assert not skeleton.traced and skeleton.checks is None  # met once: not traced
     assert skeleton.fill(first) is None  # so its conversations are rendered
     skeleton.close(0)  # what closes the first turn, learned once per shape
+    assert end_of_turn(tpl) == "<|im_end|>"  # what closes a turn, learned once per template
     tpl.renders = 0
     laid_out = outcome(tpl, second, skeletons)
     assert skeleton.traced and skeleton.checks == ()  # met again: traced

@@ -339,3 +339,28 @@ def test_a_template_variable_the_template_never_reads_is_a_config_error(qwen3):
     assert "template_kwargs.enable_thinkng: the chat template" in message
     assert "never reads 'enable_thinkng'" in message and "'enable_thinking'" in message
     RenderChat(tokenizer=qwen3, template_kwargs={"enable_thinking": False})  # read: accepted
+
+
+def test_under_train_on_all_a_tool_turn_trains_its_answer_and_end_not_the_tags(qwen3):
+    # Qwen3 wraps a tool's answer in <tool_response> tags inside a user turn and closes the turn
+    # after the last answer of a group. Under train_on: all a turn that is not the model's
+    # trains its content and the end of turn it ends with, never the template text between
+    # them; consecutive answers share one end of turn, so only the last one trains it.
+    conv = tool_conversation("Let me check.")
+    conv["messages"][2:3] = [{"role": "tool", "content": "18C"}, {"role": "tool", "content": "dry"}]
+    op = RenderChat(tokenizer=qwen3, train_on="all")
+    out, again, third = render(op, [conv] * 3)  # rendered, then from the shape's skeleton
+    for other in (again, third):
+        for key in ("input_ids", "loss_mask"):
+            assert other.payload[key].tolist() == out.payload[key].tolist()
+    runs = trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"])
+    assert runs == [
+        "Weather in Paris?" + END,
+        "Let me check.\n" + CALL_TEXT + END,
+        "18C",
+        "dry",
+        END,
+        "It is 18C." + END,
+    ]
+    text = decode(op, out.payload["input_ids"])
+    assert "<tool_response>\n18C\n</tool_response>\n<tool_response>\ndry\n</tool_response>" in text

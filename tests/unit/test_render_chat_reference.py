@@ -315,3 +315,32 @@ def test_a_left_out_empty_content_whose_turn_does_not_follow_the_prompt_is_a_cha
     }
     with pytest.raises(DataError, match="leaves out its empty content and does not write the turn"):
         render(op, [record])
+
+
+@pytest.mark.parametrize("answer", ["18C", '{"temp": "18C",\n "sky": "dry"}'])
+def test_under_train_on_all_llama_trains_a_tool_answer_as_written_and_its_end(answer):
+    # Llama 3.2's template writes a tool's answer with tojson: between quotes, and JSON-escaped
+    # when it holds quotes or newlines (as tool answers often do). Under train_on: all such a
+    # turn trains its answer as written and <|eot_id|>, never the closing quote between them.
+    _, tok = real("llama3_2")
+    op = RenderChat(tokenizer=str(QWEN3.parent / "llama3_2" / "tokenizer.json"), train_on="all")
+    record = {
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            call("weather", ""),
+            {"role": "tool", "content": answer},
+            {"role": "assistant", "content": "It is 18C."},
+        ]
+    }
+    first, again, third = render(op, [record] * 3)  # rendered, then from the shape's skeleton
+    for out in (again, third):
+        for key in ("input_ids", "loss_mask"):
+            assert out.payload[key].tolist() == first.payload[key].tolist()
+    assert first.payload["input_ids"].tolist() == hf_ids(tok, record, **LLAMA_DATE)
+    runs = trained_runs(op, first.payload["input_ids"], first.payload["loss_mask"])
+    written = json.dumps(answer)[1:-1]
+    assert runs[0] == "Weather?<|eot_id|>" and runs[-1] == "It is 18C.<|eot_id|>"
+    if answer == written:  # the quote after it is a token of its own, untrained
+        assert runs[2:-1] == [answer, "<|eot_id|>"]
+    else:  # Llama's tokens join the quotes to the JSON's braces: those tokens are the answer's
+        assert runs[2:-1] == ['"' + written + '"<|eot_id|>']

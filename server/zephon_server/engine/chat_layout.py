@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from .chat_skeleton import Misplaced, Skeleton, Skeletons, cut, place
 from .chat_slots import droppable, reasoning_slots, unwritten_calls, with_slots
@@ -176,7 +176,9 @@ def _content_ranges(
     One rendering of the whole conversation with every attributed message's content replaced
     by its own marker: the text between the markers is what the template writes around the
     contents, and ``full`` must be exactly that text with the contents put back (verbatim, or
-    stripped for templates that ``trim``)."""
+    stripped for templates that ``trim``; a turn that is not the model's may also be written
+    JSON-escaped, as Llama 3's template writes a tool's answer, and trains as written:
+    :func:`_place_contents`)."""
     probe = _render(
         template,
         [
@@ -187,7 +189,7 @@ def _content_ranges(
     unwritten = [i for i in indices if droppable(messages[i]) and _marker(i) not in probe]
     written = [i for i in indices if i not in unwritten]
     try:
-        ranges = place(cut(probe, written), [messages[i]["content"] for i in written], full)
+        ranges = _place_contents(cut(probe, written), messages, written, full)
     except Misplaced as bad:
         raise ChatError(_misplaced(bad, messages, written)) from None
     found = dict(zip(written, ranges))
@@ -195,6 +197,24 @@ def _content_ranges(
         start = len(_opening(template, messages, i, full))
         found[i] = (start, start)
     return found
+
+
+def _place_contents(
+    pieces: list[str], messages: Sequence[dict[str, Any]], written: list[int], full: str
+) -> list[tuple[int, int]]:
+    """:func:`.chat_skeleton.place` for the contents of messages ``written``; a content of a
+    turn that is not the model's that is not there verbatim (or trimmed) is looked for
+    JSON-escaped too, as Llama 3's template writes a tool's answer (raises ``Misplaced``)."""
+    contents = [messages[i]["content"] for i in written]
+    escaped = [False] * len(written)
+    while True:
+        try:
+            return place(pieces, contents, full, escaped)
+        except Misplaced as bad:
+            k = bad.k
+            if bad.why != "content" or escaped[k] or messages[written[k]]["role"] == ASSISTANT:
+                raise
+            escaped[k] = True
 
 
 def _check_written(
@@ -371,12 +391,39 @@ def layout_chat(
         starts = _skeleton_starts(skeleton, messages, indices, placed, reasoning)
         if contents is not None and None not in closes.values() and starts is not None:
             found = cast(dict[int, str], closes)  # no None among them
-            return _layout(messages, indices, full, contents, found.__getitem__, starts)
+            closing = _Closing(found.__getitem__, template)
+            return _layout(messages, indices, full, contents, closing, starts)
     _check_written(template, messages, indices)
     contents = _content_ranges(template, messages, indices, full)
-    close = functools.partial(_close, template, messages)
+    closing = _Closing(functools.partial(_close, template, messages), template)
     starts = _reasoning_starts(template, messages, indices, full, contents, reasoning)
-    return _layout(messages, indices, full, contents, close, starts)
+    return _layout(messages, indices, full, contents, closing, starts)
+
+
+class _Closing(NamedTuple):
+    """How trained turns close: ``tail(i)``, what the template writes after message ``i``'s
+    content when the turn closes the conversation, and the ``template`` (its end of turn)."""
+
+    tail: Callable[[int], str]
+    template: ChatTemplate
+
+
+def end_of_turn(template: ChatTemplate) -> str:
+    """The text that closes an assistant turn in ``template`` (``<|im_end|>`` in ChatML,
+    ``<|eot_id|>`` in Llama 3): what it writes after the reply of a two-turn conversation,
+    without trailing newlines; "" when that probe fails or writes nothing. Computed once per
+    template."""
+    found = template.memo.get("end_of_turn")
+    if found is None:
+        probe = [{"role": "user", "content": "?"}, {"role": ASSISTANT, "content": MARKER}]
+        try:
+            text = template.render(probe)
+        except ChatTemplateError:
+            text = ""
+        at = text.find(MARKER)
+        found = text[at + len(MARKER) :].rstrip("\n") if at >= 0 else ""
+        template.memo["end_of_turn"] = found
+    return str(found)
 
 
 def _layout(
@@ -384,13 +431,17 @@ def _layout(
     indices: list[int],
     full: str,
     contents: Mapping[int, tuple[int, int]] | Sequence[tuple[int, int]],
-    close: Callable[[int], str],
+    closing: _Closing,
     reasoning: tuple[dict[int, int], int | None],
 ) -> ChatLayout:
-    """The layout from each trained content's range, ``close(i)``, what the template writes
-    after message ``i``'s content when the turn closes the conversation, and ``reasoning``:
-    where the turns with a written reasoning start, and the first trained message whose
-    reasoning is not written."""
+    """The layout from each trained content's range, how the turns close (``closing``) and
+    ``reasoning``: where the turns with a written reasoning start, and the first trained
+    message whose reasoning is not written.
+
+    An assistant turn trains everything up to its end of turn (the calls a template writes
+    after the content included: the model writes them). Any other turn (``train_on: all``)
+    trains its content and, when its closing text ends with the template's end of turn, that
+    end of turn: never the template text between them (Qwen's ``</tool_response>``)."""
     last = len(messages) - 1
     ranges: list[tuple[int, int]] = []
     starts, unwritten = reasoning
@@ -400,13 +451,20 @@ def _layout(
         if i == last:  # the whole rendering's text after the content shows how the turn closes
             end = content_end + len(full[content_end:].rstrip("\n"))
         else:
-            tail = close(i)
+            tail = closing.tail(i)
             found = _common_prefix(tail, full[content_end : content_end + len(tail)])
             end = content_end + len(found.rstrip("\n"))
-        if ranges and start < ranges[-1][1]:
-            raise ChatError(f"message {i}: its text overlaps the previous trained message")
-        if end > start:
-            ranges.append((start, end))
+        spans = [(start, end)]
+        eot = end_of_turn(closing.template) if messages[i]["role"] != ASSISTANT else ""
+        if messages[i]["role"] != ASSISTANT and full[content_end:end] != eot:
+            spans = [(start, content_end)]  # not the model's turn: its content,
+            if eot and full.endswith(eot, content_end, end):  # and the end of turn it ends with
+                spans.append((end - len(eot), end))
+        for span_start, span_end in spans:
+            if ranges and span_start < ranges[-1][1]:
+                raise ChatError(f"message {i}: its text overlaps the previous trained message")
+            if span_end > span_start:
+                ranges.append((span_start, span_end))
     return ChatLayout(full, tuple(ranges), unwritten)
 
 

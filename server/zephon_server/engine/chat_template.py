@@ -368,6 +368,9 @@ class ChatTemplate:
         self.tools: list[Any] | None = None
         #: The variables the template reads from its scope (set by :meth:`compile`).
         self.reads: frozenset[str] = frozenset()
+        #: Values callers derive from the template once (the end of turn of
+        #: :mod:`.chat_layout`), shared with the copies :meth:`with_tools` makes.
+        self.memo: dict[str, Any] = {}
         self._template, self._scope = self.compile(environment_class()())
 
     @property

@@ -86,8 +86,11 @@ FIXES = {
 #: chat_error. 5: an untrained message whose content the template writes nothing of (a role
 #: it does not know) is a chat_error, where it was left out of the tokens. 6: so are tool calls
 #: the template writes nothing of, and tool definitions it never reads. 7: a message's null
-#: field (``"tool_calls": null``) is left out, as Hugging Face leaves it out.
-LAYOUT_VERSION = 7
+#: field (``"tool_calls": null``) is left out, as Hugging Face leaves it out. 8: under
+#: ``train_on: all`` a turn that is not the model's trains its content and the end of turn it
+#: ends with, not the template text between them (Qwen's ``</tool_response>``), and its content
+#: may be written JSON-escaped (Llama 3's tool answers), where that was a chat_error.
+LAYOUT_VERSION = 8
 
 
 class RecordProblem(Exception):
