@@ -70,7 +70,11 @@ QWEN3_SHAPES = ("reasoning", "tools")
 #: short corpus's steady window spans about 6 flush periods (:func:`flush_periods`); the others
 #: end before a lane's first flush.
 CONVERSATIONS = {"short": 192000, "long": 6400, "reasoning": 12800, "tools": 16000}
-QWEN3 = Path(__file__).resolve().parents[1] / "build" / "tokenizers" / "qwen3" / "tokenizer.json"
+REAL = Path(__file__).resolve().parents[1] / "build" / "tokenizers"
+QWEN3 = REAL / "qwen3" / "tokenizer.json"
+#: Llama 3.2's real tokenizer and template, on the short and long shapes: another vocabulary
+#: (128k), and a template that writes a dated system turn into every conversation.
+LLAMA = REAL / "llama3_2" / "tokenizer.json"
 TARGET = 0.8
 RUNNER = "threads"
 LANES, MAX_LENGTH, SHUFFLE_ROWS = 8, 2048, 64
@@ -100,13 +104,20 @@ def write_corpus(shape: str, quick: bool) -> tuple[Path, list[dict[str, Any]]]:
     return root, convs
 
 
+def bpe_path() -> Path:
+    """Where :func:`trained_bpe` keeps the trained BPE (its directory names what it learned
+    from)."""
+    corpus, first = BPE_TRAINING
+    return RESULTS / f"chat-bpe-{corpus}x{first}" / "tokenizer.json"
+
+
 def trained_bpe() -> Path:
     """A byte-level BPE (vocab 8,192) with ChatML's special tokens, its config and template,
     trained on the contents of :data:`BPE_TRAINING` (the same tokenizer whatever the corpus
     sizes: training is deterministic)."""
     corpus, first = BPE_TRAINING
-    directory = RESULTS / f"chat-bpe-{corpus}x{first}"
-    path = directory / "tokenizer.json"
+    path = bpe_path()
+    directory = path.parent
     if not path.exists():
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -209,16 +220,35 @@ def steady_problem(share: float, periods: float) -> str:
     return ""
 
 
-def run(rounds: int, quick: bool) -> dict[str, Any]:
+def tokenizers_of(shape: str) -> dict[str, Path]:
+    """The tokenizers a shape is measured with (the real ones when ``make tokenizers`` fetched
+    them; the BPE where :func:`trained_bpe` keeps it once trained)."""
+    tokenizers = {} if shape in QWEN3_SHAPES else {"BPE 8k (trained)": bpe_path()}
+    real = {"Qwen3 (real)": QWEN3}
+    if shape not in QWEN3_SHAPES:
+        real["Llama 3.2 (real)"] = LLAMA
+    for name, path in real.items():
+        if path.exists():
+            tokenizers[name] = path
+        else:
+            log.warning("%s missing (make tokenizers): %s left out", path, name)
+    return tokenizers
+
+
+def run(rounds: int, quick: bool, only: str | None = None) -> dict[str, Any]:
     cases: list[dict[str, Any]] = []
     for shape in SHAPES:
+        wanted = {
+            name: path
+            for name, path in tokenizers_of(shape).items()
+            if only is None or only.lower() in f"{shape} {name}".lower()
+        }
+        if not wanted:
+            continue
         root, convs = write_corpus(shape, quick)
-        tokenizers = {} if shape in QWEN3_SHAPES else {"BPE 8k (trained)": trained_bpe()}
-        if QWEN3.exists():
-            tokenizers["Qwen3 (real)"] = QWEN3
-        else:
-            log.warning("%s missing (make tokenizers): Qwen3 left out", QWEN3)
-        for name, tokenizer in tokenizers.items():
+        for name, tokenizer in wanted.items():
+            if tokenizer == bpe_path():
+                trained_bpe()  # trained on first use
             texts = rendered_texts(tokenizer, convs)
             tok = load_tok(str(tokenizer))
             share = reservoir_share(sum(map(len, tok.encode_batch(texts))))
@@ -342,6 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a quarter of the conversations")
     parser.add_argument("--publish", action="store_true", help="update docs/benchmarks.md")
     parser.add_argument(
+        "--only",
+        metavar="WORDS",
+        help="measure only the cases whose shape and tokenizer name contain WORDS (e.g. "
+        "'llama', 'short bpe'); cannot be published",
+    )
+    parser.add_argument(
         "--allocator",
         choices=ALLOCATOR_CHOICES,
         default="auto",
@@ -349,12 +385,14 @@ def main(argv: list[str] | None = None) -> int:
         "server's default; the process re-executes itself to preload it)",
     )
     args = parser.parse_args(argv)
+    if args.only and args.publish:
+        parser.error("--only measures part of the section: it cannot be published")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # Run on the allocator the server would (re-executing this command line to preload it);
     # called as a function (tests), the process is not re-executed.
     allocator.ensure_allocator(args.allocator, sys.orig_argv if argv is None else None)
     runtime().apply()  # the process tuning `zephon serve` runs with (the threads run here)
-    result = run(args.rounds, args.quick)
+    result = run(args.rounds, args.quick, args.only)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "chat.json").write_text(json.dumps(result, indent=1) + "\n")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -108,3 +108,16 @@ def test_the_tokenizer_alone_reads_tool_calling_records_as_render_chat_does():
     assert any(m["content"] is None for c in convs for m in c["messages"])
     texts = chat_bench.rendered_texts(chat_bench.QWEN3, convs)
     assert len(texts) == 6 and sum(t.count("<tool_call>") for t in texts) >= 3
+
+
+def test_the_short_and_long_shapes_run_three_tokenizers_and_only_selects_cases():
+    # Llama 3.2 (a 128k vocabulary, a dated system turn) beside the trained BPE and Qwen3; the
+    # reasoning and tool shapes on Qwen3 alone, whose template writes both.
+    assert list(chat_bench.tokenizers_of("short")) == [
+        "BPE 8k (trained)",
+        "Qwen3 (real)",
+        "Llama 3.2 (real)",
+    ]
+    assert list(chat_bench.tokenizers_of("tools")) == ["Qwen3 (real)"]
+    with pytest.raises(SystemExit):  # a part of the section is never published
+        chat_bench.main(["--only", "llama", "--publish"])
