@@ -433,17 +433,20 @@ def test_token_counts_of_packed_batches_per_dataset(algorithm, datasets):
         assert 0 < trained[0] < tokens[0]
 
 
-def test_batch_gives_rows_without_loss_mask_ones():
-    plain = rows_of(run_op(PackSequences(max_length=30), tokenized_stream(0, 10, seed=2)))
+@pytest.mark.parametrize("op_cls", [PackFlat, PackSequences])
+def test_batch_gives_rows_without_loss_mask_ones(op_cls):
+    # pack_flat's rows come padded to max_length: the ones stop where its padding starts.
+    plain = rows_of(run_op(op_cls(max_length=30), tokenized_stream(0, 10, seed=2)))
     with_mask = rows_of(
-        run_op(PackSequences(max_length=30), masked(tokenized_stream(0, 10, seed=3), density=0))
+        run_op(op_cls(max_length=30), masked(tokenized_stream(0, 10, seed=3), density=0))
     )
-    rows = [plain[0], with_mask[0], plain[1]]
+    rows = [plain[0], with_mask[0], plain[-1]]  # the last row of a lane is not full
     (batch,) = run_op(Batch(microbatch_size=3), rows)
     mask, pad = batch.tensors["loss_mask"], batch.tensors["padding_mask"]
     assert mask.dtype == np.uint8
     assert (mask[0] == pad[0]).all() and (mask[2] == pad[2]).all()  # trained, padding 0
     assert not mask[1].any()
+    assert not pad[2].all()  # a padded plain row is among them
 
 
 # -- over the wire ---------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Rows of different lengths are padded to the longest row of the batch (``input_ids`` with the
 tokenizer's pad id, ``labels`` with -100, everything else with 0) and a boolean
 ``padding_mask`` marks real tokens. A row without ``loss_mask`` in a batch whose other rows
-have one gets ones (pretraining text: every token is trained). Per-row tensors that are not
+have one gets ones on its real tokens (pretraining text: every token is trained), zeros on
+the padding a ``pack_flat`` row carries. Per-row tensors that are not
 aligned with the tokens (:data:`~.trainer_tensors.ROW_TENSORS`: ``cu_seqlens``,
 ``num_docs``, ``max_seqlen``) are stacked as they are into ``[B, ...]``; they must have one
 shape in every row. Tombstones do not take a row: they ride along with the next batch of their
@@ -78,7 +79,9 @@ def pad_rows(name: str, rows: Sequence[np.ndarray], length: int, pad_id: int) ->
 
 def row_values(name: str, rows: Sequence[Any]) -> list[np.ndarray]:
     """Every row's ``name`` tensor. A row without ``loss_mask`` among rows with one gets ones
-    (pretraining text: every token trained); any other tensor missing from a row is an error."""
+    on its real tokens (pretraining text: every token trained) and zeros on the padding a
+    ``pack_flat`` row already carries (its ``padding_mask``); any other tensor missing from a
+    row is an error."""
     values = [r.payload.get(name) for r in rows]
     missing = [i for i, v in enumerate(values) if v is None]
     if not missing:
@@ -91,7 +94,11 @@ def row_values(name: str, rows: Sequence[Any]) -> list[np.ndarray]:
         )
     dtype = having.payload[name].dtype
     for i in missing:
-        values[i] = np.ones(len(rows[i].payload["input_ids"]), dtype=dtype)
+        real = rows[i].payload.get("padding_mask")
+        if real is None:
+            values[i] = np.ones(len(rows[i].payload["input_ids"]), dtype=dtype)
+        else:
+            values[i] = np.asarray(real).astype(dtype)
     return values
 
 
