@@ -412,3 +412,47 @@ def test_a_dataset_the_supply_starves_is_reported_once(caplog, long_tokens):
         (line,) = lines
         assert "ensure_mixture: dataset 'web' holds 1.7% of the tokens emitted" in line
         assert "Raise 'web''s weight in the datasets" in line
+
+
+def starved_lines(caplog, by, stream, level="WARNING"):
+    """What the mixture of "web" (dataset 0) and "code" (1), half each, logs on ``stream``."""
+    _, acc = make(ctx=context({"web": 0.5, "code": 0.5}, lanes=1), by=by, buffer_size=8)
+    with caplog.at_level(level, logger="zephon_server.engine.ops.mixture"):
+        for i in range(0, len(stream), 10):
+            acc.push_many(stream[i : i + 10])
+    return [(r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_a_dataset_whose_records_train_nothing_is_reported_as_such(caplog):
+    # No weight can give "web" a share of the loss tokens: its masks are all zero.
+    stream = []
+    for i in range(400):
+        rec = record(0, i, i % 2, 5)
+        if i % 2 == 0:
+            rec = rec.with_payload({**rec.payload, "loss_mask": np.zeros(5, dtype=np.uint8)})
+        stream.append(rec)
+    ((level, line),) = starved_lines(caplog, "loss_tokens", stream)
+    assert level == "WARNING" and "'web' holds none of the loss_tokens" in line
+    assert "carry no loss_tokens" in line and "Raise" not in line
+
+
+def test_a_dataset_that_ran_out_is_not_a_weight_to_raise(caplog):
+    # "web" stops after 40 records (a finite dataset, exhaustion: stop) and the lane begins
+    # anew (an epoch boundary): nothing of it comes any more, an info line says so.
+    stream = [record(0, i, i % 2, 5) for i in range(80)]
+    stream += [record(0, i, 1, 5) for i in range(80, 400)]
+    _, acc = make(ctx=context({"web": 0.5, "code": 0.5}, lanes=1), by="tokens", buffer_size=8)
+    acc.push_many(stream[:80])
+    acc.flush(reset=True, lane_id=0)  # an epoch boundary: the lane counts anew, "web" is over
+    with caplog.at_level("INFO", logger="zephon_server.engine.ops.mixture"):
+        for i in range(80, 400, 10):
+            acc.push_many(stream[i : i + 10])
+    ((level, line),) = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert level == "INFO" and "no record of dataset 'web' has reached this lane" in line
+
+
+def test_by_samples_the_report_asks_for_the_share_not_for_record_sizes(caplog):
+    stream = [record(0, i, 0 if i % 5 == 0 else 1, 5) for i in range(400)]  # "web": a fifth
+    ((level, line),) = starved_lines(caplog, "samples", stream)
+    assert level == "WARNING" and "'web' holds 2" in line and "% of the samples" in line
+    assert "to at least its share here" in line and "how few samples" not in line

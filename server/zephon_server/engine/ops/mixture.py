@@ -64,12 +64,13 @@ STARVED_AFTER_BUFFERS = 4
 class _MixtureLane:
     """Per-lane state: one FIFO and the emitted amount per managed dataset."""
 
-    __slots__ = ("buffered", "emitted", "fifos", "records", "total")
+    __slots__ = ("arrived", "buffered", "emitted", "fifos", "records", "total")
 
     def __init__(self, datasets: Sequence[int]) -> None:
         # Per dataset: (size, record) in arrival order; size in tokens or samples.
         self.fifos: dict[int, deque[tuple[int, Any]]] = {d: deque() for d in datasets}
         self.emitted: dict[int, int] = dict.fromkeys(datasets, 0)
+        self.arrived: dict[int, int] = dict.fromkeys(datasets, 0)  # records, for the warning
         self.total = 0  # sum of emitted
         self.buffered = 0  # records in all FIFOs
         self.records = 0  # records emitted
@@ -166,18 +167,41 @@ class MixtureAccumulator(Accumulator):
             return
         self._warned = True
         name = self._names[d] if d < len(self._names) else f"#{d}"
+        if not lane.arrived[d]:  # a finite dataset that ran out: expected, and nothing to fix
+            log.info(
+                "ensure_mixture: no record of dataset %r has reached this lane since its epoch "
+                "began (a dataset with exhaustion: stop that ran out, or whose records all "
+                "fail before this step): the lane goes on with the other datasets. Logged "
+                "once per worker.",
+                name,
+            )
+            return
+        if not lane.emitted[d] and not lane.fifos[d]:  # records came, all of size 0
+            log.warning(
+                "ensure_mixture: dataset %r holds none of the %s emitted: its %d record(s) on "
+                "this lane carry no %s (by: loss_tokens counts the trained tokens: are its "
+                "loss masks all zero?), so no weight can give it a share. Check how its "
+                "records are masked, or leave it out of weights. Logged once per worker.",
+                name,
+                self.by,
+                lane.arrived[d],
+                self.by,
+            )
+            return
         log.warning(
             "ensure_mixture: dataset %r holds %.1f%% of the %s emitted, against its weight's "
-            "%.1f%%, and none of its records is waiting: this operator only reorders what the "
+            "%.1f%%, and none of its records is waiting (expected if it ran out: a dataset "
+            "with exhaustion: stop): this operator only reorders what the "
             "source hands out, and the source hands out records by count (datasets' weights). "
-            "Raise %r's weight in the datasets in proportion to how few %s its records carry. "
-            "Logged once per worker.",
+            "Raise %r's weight in the datasets %s. Logged once per worker.",
             name,
             100 * share,
             self.by,
             100 * target,
             name,
-            self.by,
+            "to at least its share here"
+            if self.by == "samples"
+            else f"in proportion to how few {self.by} its records carry",
         )
 
     def _drain(self, lane: _MixtureLane, out: list[Any]) -> None:
@@ -206,6 +230,7 @@ class MixtureAccumulator(Accumulator):
             if lane is None:
                 lane = lanes[lane_id] = _MixtureLane(list(weights))
             lane.fifos[dataset].append((size, elem))
+            lane.arrived[dataset] += 1
             lane.buffered += 1
             self._advance(lane, out)
         return [out for out in outs.values() if out]
