@@ -230,6 +230,9 @@ def test_config_errors_name_the_field():
         PackFlat(max_length=8, emit_labels="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="pack_sequences: ignore_index -1 needs pack_flat"):
         PackSequences(max_length=8, emit_labels=True, ignore_index=-1)
+    with pytest.raises(ConfigError, match=r"ignore_index -1 does nothing without emit_labels"):
+        PackSequences(max_length=8, ignore_index=-1)
+    PackFlat(max_length=8, ignore_index=-100)  # the default, said aloud: harmless
 
 
 def test_params_only_name_options_that_are_set():

@@ -69,6 +69,11 @@ class TrainerTensorOptions:
                 f"{op}: ignore_index must be a negative integer (never a token id), got "
                 f"{self.ignore_index!r}; use -100, PyTorch's cross_entropy default"
             )
+        if not self.emit_labels and self.ignore_index != DEFAULT_IGNORE_INDEX:
+            raise ConfigError(
+                f"{op}: ignore_index {self.ignore_index} does nothing without emit_labels "
+                "(there are no labels to fill); set emit_labels: true, or drop ignore_index"
+            )
         # max_docs_per_row itself is validated by the packer's PackPolicy, which uses it.
         n = self.max_docs_per_row
         if self.emit_cu_seqlens and n is None:
