@@ -98,6 +98,13 @@ def cmd_index(args: argparse.Namespace) -> int:
         return _prune(cache.index, datasets)
     workers = default_workers() if args.index_workers is None else args.index_workers
     report = _build_with_progress(datasets, cache, workers, interval)
+    if store.stopped is not None:  # entries built after it stayed in memory: not saved
+        raise ZephonError(
+            f"zephon index: writing in index directory {store.root} failed ({store.stopped}), "
+            "so the index is not complete there and a server would index again at start; "
+            "fix the cause (free disk space, or move what is in the way) and run zephon "
+            "index again: it keeps what it saved"
+        )
     rate = report.bytes_built / max(report.seconds, 1e-9)
     print(
         f"indexed {report.shards} shards of {report.datasets} dataset(s) in {store.root}: "

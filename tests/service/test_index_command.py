@@ -122,6 +122,9 @@ def test_zephon_index_refuses_bad_input_with_one_line(tmp_path: Path, small: Pat
     config = str(small / "pipeline.yaml")
     blocker = tmp_path / "file"
     blocker.write_text("x")
+    in_the_way = tmp_path / "in-the-way"  # writable, but its entries/ is taken by a file
+    in_the_way.mkdir()
+    (in_the_way / "entries").write_text("x")
     bad = tmp_path / "bad.yaml"
     bad.write_text("datasets: []\npipeline: []\n")
     cases = {
@@ -132,6 +135,10 @@ def test_zephon_index_refuses_bad_input_with_one_line(tmp_path: Path, small: Pat
         "unwritable": (
             ["index", "--config", config, "--index-dir", str(blocker / "idx")],
             f"zephon: error: zephon index: cannot write in index directory {blocker / 'idx'} (",
+        ),
+        "entries not saved": (
+            ["index", "--config", config, "--index-dir", str(in_the_way)],
+            f"zephon: error: zephon index: writing in index directory {in_the_way} failed (",
         ),
         "bad config": (["index", "--config", str(bad)], "zephon: error: datasets: expected"),
         "missing config": (["index", "--config", "nope.yaml"], "zephon: error: config file"),
@@ -221,6 +228,9 @@ def test_a_server_with_an_unwritable_index_dir_warns_and_serves(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
+    in_the_way = tmp_path / "in-the-way"  # writable, but its entries/ is taken by a file
+    in_the_way.mkdir()
+    (in_the_way / "entries").write_text("x")
     config = str(small / "pipeline.yaml")
     with server(["--config", config, "--index-dir", str(blocker / "idx")], tmp_path) as srv:
         digests = lane_digests(srv, 2)

@@ -138,3 +138,6 @@ def test_a_utf16_file_and_a_lone_surrogate_escape_say_what_they_are(tmp_path):
     path.write_bytes(b'{"text": "fine"}\n{"text": "half a pair \\ud83d"}\n')
     with pytest.raises(DataError, match=r"line 2: a lone surrogate in the text \(a JSON escape"):
         list(pipeline(path, "fail").run(ExecutionConfig(runner="inline")))
+    path.write_bytes(b'{"text": "fine"}\n\n')  # a blank line at the end
+    with pytest.raises(DataError, match=r"line 2: bad JSON .*; the line is blank: every line"):
+        list(pipeline(path, "fail").run(ExecutionConfig(runner="inline")))

@@ -234,3 +234,35 @@ def test_describe_change_reads_like_the_messages() -> None:
         "size 100 -> 120 bytes"
     )
     assert describe_change(a, local_identity(100, 1)).endswith("size 100 bytes unchanged")
+
+
+def test_rows_of_a_multi_frame_zstd_shard_are_checked_to_be_lines_too() -> None:
+    # A multi-frame .jsonl.zst is read frame by frame through its indexed line starts; a
+    # rewrite keeping the size and time (each frame the same length) moved its lines.
+    import numpy as np
+
+    from zephon_server.engine.zstd_frames import frame_rows
+
+    old = [b'{"t": "aaaa"}\n{"t": "bb"}\n', b'{"t": "cc"}\n{"t": "d"}']  # no final newline
+    new = [b'{"t": "xx"}\n{"t": "yyyy"}\n', old[1]]
+    content = b"".join(old)
+    starts = np.array([0, *[i + 1 for i, c in enumerate(content) if c == 10], len(content) + 1])
+    frames = np.array([[0, 0, 0], [0, 0, len(old[0])]])  # the decompressed offsets count
+
+    def rows(frames_content: list[bytes], idx: list[int]) -> list[bytes | int]:
+        return frame_rows(
+            "s.jsonl.zst", starts, frames, np.array(idx), frames_content.__getitem__, None
+        )
+
+    assert rows(old, [0, 1, 2, 3]) == [
+        b'{"t": "aaaa"}',
+        b'{"t": "bb"}',
+        b'{"t": "cc"}',
+        b'{"t": "d"}',
+    ]
+    for row in (0, 1):  # other data, as in a plain JSONL shard: never skipped
+        with pytest.raises(
+            ShardChanged, match=r"s.jsonl.zst: the row indexed at bytes .* is not a"
+        ):
+            rows(new, [row])
+    assert rows(new, [2, 3]) == [b'{"t": "cc"}', b'{"t": "d"}']  # the frame that stayed

@@ -99,7 +99,7 @@ def test_a_shard_over_the_threshold_is_read_from_a_spill_with_bounded_memory(
     assert peak < 4 * MIB + scan + 16 * len(lines), (peak, content)
     stats = cache.stats()
     assert (stats["decompressions"], stats["spills"]) == (1, 1)
-    (spilled,) = (index_dir / "spill").glob("*.jsonl")
+    (spilled,) = (index_dir / "spill").glob("*.spill")
     assert spilled.read_bytes() == paths["jsonl"].read_bytes()
     # Another process on the same index directory reuses the spill file: no decompression.
     other = cache_on(index_dir, spill_threshold=MIB)
@@ -130,7 +130,7 @@ def test_gz_and_zst_shards_over_the_threshold_give_the_plain_jsonl_digests(
         digests[fmt] = [(b.lane_id, b.chain_digest.hex()) for b in run.batches()]
         run.close()
         if fmt != "jsonl":
-            assert len(list((index_dir / "spill").glob("*.jsonl"))) == 2  # both shards spilled
+            assert len(list((index_dir / "spill").glob("*.spill"))) == 2  # both shards spilled
     assert digests["jsonl.gz"] == digests["jsonl"] == digests["jsonl.zst"]
     assert len(digests["jsonl"]) >= 3500 // 4 - 2
 
@@ -145,7 +145,7 @@ def test_the_spill_directory_keeps_its_budget_least_recently_used_first(tmp_path
     sa, sb = info(pa, "jsonl.gz", len(a)), info(pb, "jsonl.gz", len(b))
     assert cache.read_rows(sa, [5], "t") == [a[5]]
     assert cache.read_rows(sb, [7], "t") == [b[7]]  # a's file makes room for b's
-    assert len(list((tmp_path / "spill").glob("*.jsonl"))) == 1
+    assert len(list((tmp_path / "spill").glob("*.spill"))) == 1
     assert spill.usage() <= spill.budget()
     assert cache.read_rows(sa, [9, 2999], "t") == [a[9], a[2999]]  # spilled again
     assert cache.stats()["spills"] == 3 and spill.usage() <= spill.budget()
@@ -157,7 +157,7 @@ def test_a_spill_file_removed_under_a_reader_is_spilled_again(tmp_path: Path) ->
     cache = cache_on(tmp_path / "index", spill_threshold=1024)
     shard = info(path, "jsonl.zst", len(lines))
     assert cache.read_rows(shard, [3], "t") == [lines[3]]
-    for f in (tmp_path / "index" / "spill").glob("*.jsonl"):
+    for f in (tmp_path / "index" / "spill").glob("*.spill"):
         f.unlink()  # another process made room
     assert cache.read_rows(shard, [1999, 4], "t") == [lines[1999], lines[4]]
     assert cache.stats()["spills"] == 2
@@ -212,7 +212,7 @@ def test_a_multi_frame_zstd_shard_is_not_spilled_it_is_read_frame_by_frame(
     assert cache.num_rows(shard.path, "jsonl.zst") == len(lines)
     assert cache.read_rows(shard, [0, 2999, 1500], "t") == [lines[0], lines[2999], lines[1500]]
     assert cache.stats()["spills"] == 0 and cache.stats()["frame_reads"] >= 3
-    assert not list((tmp_path / "index").glob("spill/*.jsonl"))
+    assert not list((tmp_path / "index").glob("spill/*.spill"))
     assert not list((tmp_path / "index").glob("spill/*.tmp"))
 
 
@@ -226,7 +226,7 @@ def test_a_truncated_large_shard_still_fails_at_start_up_and_leaves_no_spill(
     cache = cache_on(tmp_path / "index", spill_threshold=1024)
     with pytest.raises(IncompleteShardError, match=f"cannot decompress shard {path}"):
         resolve_datasets([DatasetSpec("d", str(path), 1.0)], cache=cache)
-    assert not list((tmp_path / "index" / "spill").glob("*.jsonl"))
+    assert not list((tmp_path / "index" / "spill").glob("*.spill"))
     assert not list((tmp_path / "index" / "spill").glob("*.tmp"))
 
 
@@ -239,7 +239,37 @@ def test_building_the_index_ahead_of_time_writes_no_spill_file(tmp_path: Path) -
     cache = cache_on(tmp_path / "index", spill_threshold=1024)
     identity = local_identity(st.st_size, st.st_mtime_ns)
     assert cache.ensure_entry(str(path), "jsonl.gz", identity) == (len(lines), True)
-    assert not list((tmp_path / "index").glob("spill/*.jsonl"))  # counting only
+    assert not list((tmp_path / "index").glob("spill/*.spill"))  # counting only
     reader = cache_on(tmp_path / "index", spill_threshold=1024)  # a server afterwards
     assert reader.read_rows(info(path, "jsonl.gz", len(lines)), [2999], "t") == [lines[2999]]
     assert reader.stats()["spills"] == 1
+
+
+def test_an_index_directory_under_the_dataset_never_adds_its_spill_files_as_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The index directory in the data (a state directory kept beside the shards): its spill
+    # files hold plain JSONL bytes, which a ".jsonl" name made shards of the dataset at the
+    # next start (every row of the spilled shard served twice, without a word).
+    monkeypatch.setattr(shards_mod, "DEFAULT_THRESHOLD", 64 * 1024)
+    directory = write_formats(tmp_path / "data", rows(2_000))["jsonl.gz"].parent
+    for plain in directory.glob("*.spill"):
+        plain.unlink()  # the gz shard alone
+    index_dir = directory / "state" / "index"
+    legacy = index_dir / "spill" / ("0" * 40 + ".jsonl")  # left by an earlier version
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(b'{"text": "stale"}\n')
+
+    def start() -> tuple[int, list[str]]:
+        pipe = Pipeline([DatasetSpec("d", str(directory), 1.0)], seed=3, lanes=2, chunk_size=16)
+        pipe.decode_text().tokenize(tokenizer="byte").batch(microbatch_size=4)
+        run = pipe.run(ExecutionConfig(runner="inline", index_dir=str(index_dir)))
+        digests = [b.chain_digest.hex() for b in run.batches()]
+        shards = sum(len(d.shards) for d in run.plan.datasets)
+        run.close()
+        return shards, digests
+
+    first = start()
+    assert not legacy.exists()  # removed when the directory was opened, before any listing
+    assert list((index_dir / "spill").glob("*.spill"))  # spilled
+    assert start() == first and first[0] == 1  # the same shard and batches on a restart

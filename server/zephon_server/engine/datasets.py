@@ -229,7 +229,7 @@ def resolve_datasets(
             info.size_bytes,
             "row counts from the index catalog"
             if from_catalog
-            else f"{cache.index.writes - writes} shards indexed now",
+            else _indexed_now(cache.index.writes - writes),
         )
         infos.append(info)
     return infos
@@ -271,6 +271,10 @@ def _counted_shards(
         for (path, fmt), st, n in zip(listing, stats, rows)
     )
     return shards, from_catalog
+
+
+def _indexed_now(n: int) -> str:
+    return f"{n} shard{'' if n == 1 else 's'} indexed now"
 
 
 def list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:

@@ -29,9 +29,11 @@ checksum and key (:mod:`.shard_index`), and losing it only costs the time to reb
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
+import re
 import threading
 import time
 import uuid
@@ -92,6 +94,8 @@ class IndexDir:
         self.writable = writable and root is not None
         self.max_bytes = _budget(max_bytes, "index_max_bytes")
         self.spill_max_bytes = _budget(spill_max_bytes, "spill_max_bytes")
+        #: Why writing stopped (a failed write, a full disk), None while it goes on.
+        self.stopped: str | None = None
         self._memory: dict[str, bytes] = {}
         self._made: set[str] = set()  # directories known to exist (created once)
         self._lock = threading.Lock()
@@ -279,6 +283,7 @@ class IndexDir:
             if not self.writable:
                 return
             self.writable = False
+            self.stopped = reason
         logger.warning(
             "index directory %s is not writable (%s); indexes built from now on live in "
             "memory only and are rebuilt at the next start (fix: make the directory writable, "
@@ -431,9 +436,28 @@ def open_index_dir(
                 found._stop_writing(problem)
             else:
                 logger.info("shard index directory %s", root)
+                if not remote:
+                    _remove_legacy_spills(os.path.join(root, SPILL_SUBDIR))
         found.max_bytes = _budget(max_bytes, "index_max_bytes")
         found.spill_max_bytes = _budget(spill_max_bytes, "spill_max_bytes")
         return found
+
+
+_LEGACY_SPILL = re.compile(r"[0-9a-f]{40}\.jsonl")
+
+
+def _remove_legacy_spills(directory: str) -> None:
+    """Remove the spill files of earlier versions, named ``<hash>.jsonl``: an index directory
+    under a dataset's path made them shards of that dataset (the spill files of today end in
+    ``.spill``). Before any dataset is listed, so that no start reads them."""
+    try:
+        names = [n for n in os.listdir(directory) if _LEGACY_SPILL.fullmatch(n)]
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+            logger.info("removed spill file %s of an earlier version", name)
 
 
 def location_write_problem(location: str) -> str | None:

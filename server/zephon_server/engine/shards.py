@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from .decompression import FIX as DECOMPRESSION_FIX
 from .decompression import Frame, SinkFactory, decompress_bytes, decompress_shard, decompress_stream
 from .errors import DataError
 from .index_dir import IndexDir
@@ -676,7 +677,7 @@ class ShardCache:
             got[k] = self._cached((*key, "frame", k), load)
             return got[k]
 
-        rows = frame_rows(starts, frames, idx, frame, limit)
+        rows = frame_rows(shard.path, starts, frames, idx, frame, limit)
         return [Oversized(v) if isinstance(v, int) else v for v in rows]
 
     # ------------------------------------------------------------------ Parquet
@@ -693,7 +694,10 @@ class ShardCache:
             try:
                 return pq.ParquetFile(_parquet_source(path, identity))
             except (OSError, pa.ArrowException) as exc:
-                raise DataError(f"cannot read Parquet shard {path}: {exc}") from exc
+                raise DataError(
+                    f"cannot read Parquet shard {path}: {exc} (a damaged or cut-short file: "
+                    f"{DECOMPRESSION_FIX})"
+                ) from exc
 
         pf = _checked_load(path, identity, open_file)
         with self._lock:

@@ -69,7 +69,10 @@ DEFAULT_CAP = 64 * GIB
 TOUCH_EVERY = 60.0
 #: Another writer's temporary file older than this is a leftover (killed mid-spill).
 STALE_TMP_SECONDS = 3600.0
-SUFFIX = ".jsonl"
+#: Not a shard extension: an index directory under a dataset's path must not make its spill
+#: files (plain JSONL bytes) shards of that dataset (``index_dir`` removes the ``.jsonl`` ones
+#: of earlier versions when it opens the directory).
+SUFFIX = ".spill"
 LOCK_NAME = ".lock"
 FIX = (
     "raise --spill-max-bytes / spill_max_bytes (or free disk space in the spill directory), "

@@ -20,7 +20,8 @@ import numpy as np
 import zstandard
 
 from .decompression import ZSTD, IncompleteShardError
-from .errors import DataError
+from .errors import DataError, ShardChanged
+from .row_runs import misaligned
 
 #: (decompressed frame bytes) of frame ``k``.
 FrameReader = Callable[[int], bytes]
@@ -61,6 +62,7 @@ def read_frame(path: str, frames: np.ndarray, k: int) -> bytes:
 
 
 def frame_rows(
+    path: str,
     starts: np.ndarray,
     frames: np.ndarray,
     idx: np.ndarray,
@@ -69,7 +71,12 @@ def frame_rows(
 ) -> list[bytes | int]:
     """Rows ``idx`` as bytes, joined from the frames holding them (``frame(k)`` gives frame
     ``k``'s content); a row longer than ``limit`` comes back as its size (an ``int``) and
-    its frames are not read for it."""
+    its frames are not read for it.
+
+    Every row read is checked to be a line of this content, as plain JSONL rows are
+    (:func:`.row_runs.misaligned`, raised as ``ShardChanged``): no newline inside it, one
+    right after it (but at the end of the content), and one right before it when that byte
+    is in a frame already read (a row starting a frame is not worth a frame more)."""
     lo = starts[idx]
     hi = starts[idx + 1] - 1
     begins = frames[:, 2]
@@ -88,5 +95,22 @@ def frame_rows(
             base = int(begins[k])
             content = frame(k)
             pieces.append(content[max(a - base, 0) : min(b - base, len(content))])
-        out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        row = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if (
+            b"\n" in row
+            or not _newline_at(b, f1, begins, frame)
+            or (a > begins[f0] and frame(f0)[a - 1 - int(begins[f0])] != 10)
+        ):
+            raise ShardChanged(misaligned(path, a, b))  # other data: never skipped
+        out.append(row)
     return out
+
+
+def _newline_at(at: int, k: int, begins: np.ndarray, frame: FrameReader) -> bool:
+    """Whether content byte ``at`` is a newline, or the content ends before it (a last line
+    without one); it is in frame ``k`` or, at that frame's end, in the next."""
+    content = frame(k)
+    offset = at - int(begins[k])
+    if offset < len(content):
+        return content[offset] == 10
+    return k + 1 >= len(begins) or frame(k + 1)[:1] in (b"\n", b"")

@@ -30,7 +30,7 @@ def _text_of(payload: dict[str, Any], field: str) -> tuple[Any, str | None]:
         try:
             obj = loads_line(payload["raw"])
         except Exception as exc:  # any failure parsing one record is that record's problem
-            return None, _parse_problem(exc) + _encoding_hint(payload["raw"])
+            return None, _parse_problem(exc) + _line_hint(payload["raw"])
         if not isinstance(obj, dict):
             return None, f"expected a JSON object, got {type(obj).__name__}"
         if field not in obj:
@@ -54,9 +54,12 @@ def _text_of(payload: dict[str, Any], field: str) -> tuple[Any, str | None]:
     return text, None
 
 
-def _encoding_hint(raw: Any) -> str:
-    """A hint for a row that looks UTF-16 (or binary): NUL bytes in its first bytes."""
+def _line_hint(raw: Any) -> str:
+    """A hint for a row that is blank, or looks UTF-16 (or binary): NUL bytes in its first
+    bytes."""
     head = bytes(raw[:64]) if isinstance(raw, bytes | bytearray | memoryview) else b""
+    if isinstance(raw, bytes | bytearray | memoryview) and not bytes(raw).strip():
+        return "; the line is blank: every line of a JSONL file is a record, so remove it"
     if b"\x00" in head or head.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "; the line holds NUL bytes: is the file UTF-16 (or binary)? JSONL must be UTF-8"
     return ""
