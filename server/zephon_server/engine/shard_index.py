@@ -113,7 +113,7 @@ def unseal(buf: Buffer, magic: bytes, what: str) -> memoryview:
     crc, end = _TRAILER.unpack(view[len(view) - _TRAILER.size :])
     body = view[: len(view) - _TRAILER.size]
     if end != END:
-        raise CorruptIndexEntry(f"truncated {what}: no end mark")
+        raise CorruptIndexEntry(f"truncated {what}: no end mark (cut short, or bytes appended)")
     if zlib.crc32(body) != crc:
         raise CorruptIndexEntry(f"checksum mismatch in {what} (damaged file)")
     return body
