@@ -432,3 +432,15 @@ def test_a_lost_entry_of_a_cached_compressed_shard_is_rebuilt_from_the_content(
     cache._counts.clear()
     assert cache.num_rows(str(path), "jsonl.zst", info.identity) == len(ROWS)
     assert cache.stats()["decompressions"] == 1 and cache.stats()["index_writes"] == 2
+
+
+def test_a_damaged_file_is_logged_once_per_process(tmp_path, caplog) -> None:
+    # The listing, a read and a build each meet the same damaged file: one warning, every
+    # meeting counted.
+    index = ShardIndex(IndexDir(str(tmp_path)))
+    with caplog.at_level("WARNING", logger="zephon_server.engine.shard_index"):
+        for _ in range(3):
+            index.discard("entries/ab/abcd.zsi", "checksum mismatch in index entry")
+        index.discard("entries/ab/abcd.zsi", "truncated index entry: 5 bytes")  # another problem
+    assert index.corrupt == 4
+    assert [r.getMessage().count("abcd.zsi") for r in caplog.records] == [1, 1]

@@ -167,6 +167,10 @@ def decode_entry(buf: Buffer, key: EntryKey) -> IndexEntry:
     return IndexEntry(key, rows, arrays)
 
 
+#: Damaged blobs remembered so that each is logged once per process (then every one is).
+MAX_WARNED = 4096
+
+
 class ShardIndex:
     """Entries (and dataset catalogs, :mod:`.index_catalog`) of one :class:`IndexDir`.
 
@@ -184,6 +188,7 @@ class ShardIndex:
         self.catalog_hits = 0
         self.catalog_writes = 0
         self._pinned_catalogs: dict[str, Any] = {}  # catalog name -> its listing
+        self._warned: set[tuple[str, str]] = set()  # (blob, problem) logged (bounded)
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -237,6 +242,10 @@ class ShardIndex:
         """Log a corrupt blob (it is rebuilt and overwritten by the caller)."""
         with self._lock:
             self.corrupt += 1
+            if (name, problem) in self._warned:
+                return  # the listing, a read and a build each meet the same damaged file
+            if len(self._warned) < MAX_WARNED:
+                self._warned.add((name, problem))
         logger.warning(
             "shard index file %s is unusable (%s); rebuilding it from the shard",
             self.store.where(name),
