@@ -136,6 +136,15 @@ def test_shortest_ends_every_lane_at_the_shortest_end_with_longest_prefixes(setu
         for lane, chain in longest.items():
             assert value(text, f'zephon_lane_batches_produced_total{{lane="{lane}"}}') == len(chain)
             assert value(text, f'zephon_consumer_lag_batches{{lane="{lane}"}}') == 0, text
+        # A checkpoint past the common end is refused as such, for the lane that produced
+        # past it (its cut batches) and for one that ended there (never produced).
+        shortest_lane = min(longest, key=lambda n: len(longest[n]))
+        longest_lane = max(longest, key=lambda n: len(longest[n]))
+        with DataClient(srv.address) as client:
+            for lane in (longest_lane, shortest_lane):
+                with pytest.raises(Exception, match=rf"position {end + 1} is past the common end"):
+                    client.checkpoint(positions={lane: end + 1})
+            assert client.checkpoint(positions={longest_lane: end}).positions[longest_lane] == end
     # zephon dump prints the same streams (it runs every lane, even for one of them).
     dump = subprocess.run(
         [sys.executable, "-m", "zephon_server.cli", "dump", "--pipeline", f"{source}:build",

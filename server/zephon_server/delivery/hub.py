@@ -705,7 +705,7 @@ class LaneHub:
             self._lane(lane)
             merged[lane] = seq
         self._wait_produced(merged, timeout=produce_timeout)
-        state = self._run.checkpoint(merged, tag=tag)
+        state = self._run.checkpoint(merged, tag=tag, end=self.common_end())
         if self.store is None:
             return "", state.encode(self.checkpoint_key), state
         if not self._manifest_saved:  # before the checkpoint: every checkpoint has its manifest

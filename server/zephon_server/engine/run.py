@@ -350,17 +350,23 @@ class PipelineRun:
         """The state of a lane before its first batch."""
         return LaneState(0, 0, None, None, CHAIN_SEED)
 
-    def checkpoint(self, positions: dict[int, int] | None = None, tag: str = "") -> ResumeState:
+    def checkpoint(
+        self, positions: dict[int, int] | None = None, tag: str = "", end: int | None = None
+    ) -> ResumeState:
         """Resume state at ``positions`` (lane -> next_seq; default: everything produced).
+        ``end``: the common end of the lanes when the caller applies it (the hub's gate);
+        this run's own when it applies it itself.
 
-        Raises :class:`CheckpointError` for a position not produced yet or no longer retained.
+        Raises :class:`CheckpointError` for a position not produced yet, past the common end
+        or no longer retained.
         """
         with self._lock:
-            return self._checkpoint(positions, tag)
+            return self._checkpoint(positions, tag, self.ends.end if self.ends is not None else end)
 
-    def _checkpoint(self, positions: dict[int, int] | None, tag: str) -> ResumeState:
+    def _checkpoint(
+        self, positions: dict[int, int] | None, tag: str, end: int | None
+    ) -> ResumeState:
         if positions is None:
-            end = self.ends.end if self.ends is not None else None
             positions = {
                 lane: log.next_seq
                 if end is None
@@ -372,17 +378,16 @@ class PipelineRun:
             log_ = self.logs.get(lane)
             if log_ is None:
                 raise CheckpointError(f"lane {lane} is not part of this run ({self.lanes})")
+            if end is not None and next_seq > max(end, log_.start.next_seq):
+                raise CheckpointError(  # known once final: never produced, or cut
+                    f"lane {lane}: position {next_seq} is past the common end {end} of this "
+                    "run (end_of_data: shortest ends every lane there; the batches after it "
+                    f"were cut and never delivered): give a position of {end} at most"
+                )
             if next_seq > log_.next_seq:
                 raise CheckpointError(
                     f"lane {lane}: position {next_seq} was not produced yet "
                     f"(produced up to {log_.next_seq})"
-                )
-            end = self.ends.end if self.ends is not None else None
-            if end is not None and next_seq > max(end, log_.start.next_seq):
-                raise CheckpointError(
-                    f"lane {lane}: position {next_seq} is past the common end {end} of this "
-                    "run (end_of_data: shortest ends every lane there; the batches after it "
-                    f"were cut and never delivered): give a position of {end} at most"
                 )
             cut = log_.cut(next_seq)
             if cut is None:
