@@ -68,6 +68,7 @@ from .channel import DEFAULT_CHANNEL_OPTIONS, Endpoint, TLSConfig, auth_metadata
 from .errors import ZephonClientError
 from .identity import PipelineIdentity
 from .mapping import lanes_for_rank
+from .options import checkpoint_positions, seconds, whole_number
 from .state import STATE_VERSION, parse_state
 from .stream import (
     BACKOFF_INITIAL,
@@ -157,17 +158,6 @@ def _server_addresses(address: str | Sequence[str]) -> list[str]:
     return addresses
 
 
-def _batches_per_message(value: Any) -> int:
-    """``batches_per_message`` checked: an integer of at least 1 (ValueError otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"batches_per_message must be an integer, got {value!r}")
-    if value < 1:
-        raise ValueError(
-            f"batches_per_message must be at least 1 (1: one batch per message), got {value}"
-        )
-    return value
-
-
 class DataClient:
     """Streams one trainer rank's lanes from one or several Zephon servers.
 
@@ -224,10 +214,12 @@ class DataClient:
         self.world_size = world_size
         self.consumer = consumer if consumer is not None else f"rank{rank}"
         self.verify = verify
-        self.reconnect_timeout = float(reconnect_timeout)
-        self.rpc_timeout = rpc_timeout
-        self.prefetch = prefetch
-        self.batches_per_message = _batches_per_message(batches_per_message)
+        self.reconnect_timeout = seconds("reconnect_timeout", reconnect_timeout)
+        self.rpc_timeout = seconds("rpc_timeout", rpc_timeout, allow_none=True, allow_zero=False)
+        self.prefetch = whole_number("prefetch", prefetch, 1, "decoded batches kept per lane")
+        self.batches_per_message = whole_number(
+            "batches_per_message", batches_per_message, 1, "1: one batch per message"
+        )
         self.shared_memory = bool(shared_memory)
         self._metadata = auth_metadata(auth_token)
         self._lock = threading.RLock()
@@ -359,6 +351,8 @@ class DataClient:
         :class:`~zephon_client.errors.ZephonClientError` (``FAILED_PRECONDITION``). An
         iteration in progress restarts from the loaded positions.
         """
+        if self._closed.is_set():
+            raise ZephonClientError(None, "the client is closed")
         _version, fingerprint, positions, chains = parse_state(state)
         if fingerprint is not None and fingerprint != self._fingerprint:
             raise ZephonClientError(
@@ -411,7 +405,7 @@ class DataClient:
             endpoint = self._checkpoint_endpoint(wanted, address)
             wanted = {lane: seq for lane, seq in wanted.items() if endpoint.serves(lane)}
         else:
-            wanted = {int(lane): int(seq) for lane, seq in positions.items()}
+            wanted = checkpoint_positions(positions)
             endpoint = self._checkpoint_endpoint(wanted, address)
         info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
         self._identity.check(info, address=endpoint.address)
@@ -684,6 +678,8 @@ class DataClient:
 
     def _unary(self, endpoint: Endpoint, method: str, request: Any) -> Any:
         """Call a unary RPC, retrying ``UNAVAILABLE`` with backoff for ``reconnect_timeout``."""
+        if self._closed.is_set():
+            raise ZephonClientError(None, "the client is closed")
         deadline = time.monotonic() + self.reconnect_timeout
         delay = BACKOFF_INITIAL
         while True:

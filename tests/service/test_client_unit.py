@@ -319,6 +319,31 @@ def test_batch_groups_reach_the_consumer_one_by_one():
 
 
 @pytest.mark.parametrize(
+    ("argument", "bad", "message"),
+    [
+        ("prefetch", 0, r"prefetch must be at least 1 \(decoded batches kept per lane\), got 0"),
+        ("prefetch", -1, "prefetch must be at least 1"),
+        ("prefetch", "4", "prefetch must be an integer, got '4'"),
+        ("reconnect_timeout", -1, "reconnect_timeout must be >= 0 seconds, got -1"),
+        ("reconnect_timeout", float("nan"), "reconnect_timeout must be a number of seconds"),
+        ("rpc_timeout", 0, "rpc_timeout must be > 0 seconds, got 0"),
+        ("rpc_timeout", "30", r"rpc_timeout must be a number of seconds or None \(no limit\)"),
+    ],
+)
+def test_numeric_arguments_are_checked_at_construction(argument, bad, message):
+    with pytest.raises(ValueError, match=message):
+        DataClient("127.0.0.1:1", **{argument: bad})
+
+
+def test_checkpoint_positions_are_checked_before_any_call():
+    with fake({0: 3, 1: 3}) as (_, address), client(address) as c:
+        with pytest.raises(ValueError, match=r"lane 0: the position must be at least 0"):
+            c.checkpoint(positions={0: -1})
+        with pytest.raises(ValueError, match=r"checkpoint positions: a lane must be an integer"):
+            c.checkpoint(positions={"0": 1})
+
+
+@pytest.mark.parametrize(
     ("bad", "message"),
     [
         ("empty", "protocol error: empty BatchGroup"),
@@ -486,6 +511,10 @@ def test_close_is_prompt_while_iteration_is_blocked():
         c.close()  # idempotent
         with pytest.raises(ZephonClientError, match="closed"):
             iter(c)
+        # Every call after close says so (not gRPC's "Cannot invoke RPC on closed channel").
+        for call in (c.get_info, c.checkpoint, lambda: c.load_state_dict(c.state_dict())):
+            with pytest.raises(ZephonClientError, match="the client is closed"):
+                call()
 
 
 def test_context_manager_closes_an_abandoned_iteration():
