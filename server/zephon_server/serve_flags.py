@@ -259,8 +259,9 @@ def _add_signing_and_budget_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_REPLAYS,
         metavar="N",
         help="replays regenerating a lane's older batches at once (streams opened at a seq the "
-        "server no longer keeps share one per lane and epoch); a stream that needs one more "
-        "gets RESOURCE_EXHAUSTED (0: no replays, such seqs are OUT_OF_RANGE)",
+        "server no longer keeps share one per lane and epoch; default: one per lane this "
+        "server serves, at least 4); a stream that needs one more gets RESOURCE_EXHAUSTED "
+        "(0: no replays, such seqs are OUT_OF_RANGE)",
     )
 
 

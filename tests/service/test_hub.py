@@ -235,3 +235,15 @@ def test_a_common_end_lets_seq_0_out_on_promises_and_the_lanes_stay_the_oracles(
         assert got == expected
     finally:
         hub.stop()
+
+
+def test_the_default_replay_limit_is_one_per_served_lane(corpus_specs):
+    # One trainer resumed far back on all 8 lanes needs 8 replays at once: with a fixed 4 the
+    # fifth lane was refused on every attempt (its own replays never end while it waits).
+    pipe = Pipeline(corpus_specs, lanes=8, chunk_size=5)
+    pipe.decode_text().tokenize().batch(microbatch_size=3)
+    execution = ExecutionConfig(runner="inline")
+    assert LaneHub(pipe, execution).max_replays == 8
+    assert LaneHub(pipe, execution, lanes=[0, 1]).max_replays == 4  # at least 4
+    assert LaneHub(pipe, execution, max_replays=2).max_replays == 2  # --max-replays wins
+    assert LaneHub(pipe, execution, max_replays=0).max_replays == 0

@@ -120,7 +120,7 @@ class LaneHub:
         keep_consumed: int = 64,
         replay_cache: ReplayCache | None = None,
         checkpoint_key: CheckpointKey | None = None,
-        max_replays: int = 4,
+        max_replays: int | None = None,
     ) -> None:
         if isinstance(max_ahead, bool) or not isinstance(max_ahead, int) or max_ahead < 1:
             raise ConfigError(f"max_ahead (--max-ahead) must be an integer >= 1, got {max_ahead!r}")
@@ -143,7 +143,11 @@ class LaneHub:
         #: ...and at all (with replays on): past it, batches are not kept.
         self.cap = self.limit + overflow(max_ahead)
         self.keep_consumed = keep_consumed
-        self._replays = ReplayPool(max_replays)
+        # Default: one replay per served lane (at least 4), so that one consumer of every
+        # lane that fell behind (a trainer resumed far back) gets every lane's replay at once.
+        self._replays = ReplayPool(
+            max(MIN_AUTO_REPLAYS, len(self.lanes)) if max_replays is None else max_replays
+        )
         # One lock; the general condition wakes the producer and checkpoint waiters, each
         # lane's condition only that lane's readers (no herd of every stream per batch), each
         # replay's condition only its readers and its producer.
@@ -780,6 +784,10 @@ class LaneHub:
             "end_of_data": end_of_data,
             "time": time.time(),
         }
+
+
+#: The fewest replays the default (one per served lane) allows at once.
+MIN_AUTO_REPLAYS = 4
 
 
 def _keep_everything(lane: int) -> None:

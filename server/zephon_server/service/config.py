@@ -19,7 +19,8 @@ from ..runtime import RuntimeConfig
 from .metrics_http import MetricsHTTPConfig
 from .servicer import LINGER
 
-DEFAULT_MAX_REPLAYS = 4
+#: None: one replay per lane the server serves, at least 4 (``LaneHub``'s default).
+DEFAULT_MAX_REPLAYS: int | None = None
 """Default replays of older batches running at once (``--max-replays``)."""
 RESUME_LATEST = "latest"
 RESUME_LATEST_OR_FRESH = "latest-or-fresh"
@@ -132,7 +133,7 @@ class DeliveryConfig:
     max_ahead: int = 32
     linger: float = LINGER
     ring_mib: int = DEFAULT_MAX_MIB
-    max_replays: int = DEFAULT_MAX_REPLAYS
+    max_replays: int | None = DEFAULT_MAX_REPLAYS
 
     def __post_init__(self) -> None:
         if self.lanes is not None:
@@ -151,7 +152,8 @@ class DeliveryConfig:
             hint="milliseconds; 0 sends what is ready at once",
         )
         check_number("--shm-ring-mib", self.ring_mib, 0, 4096, hint="MiB; 0: no rings")
-        check_number("--max-replays", self.max_replays, 0, 1024, hint="0: no replays")
+        if self.max_replays is not None:
+            check_number("--max-replays", self.max_replays, 0, 1024, hint="0: no replays")
 
 
 @dataclass(frozen=True)
