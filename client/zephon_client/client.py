@@ -26,7 +26,12 @@ Resuming
     (the lane count never does), save the state_dict of *every* rank and load their union
     (:func:`merge_state_dicts`) into each new rank, or use a server checkpoint
     (:meth:`DataClient.checkpoint` / :meth:`DataClient.resume`). Without a loaded state a
-    client starts each lane at the server's acknowledged position (0 on a fresh server).
+    client starts each lane at the server's acknowledged position (0 on a fresh server). A
+    rank with tensor/pipeline-parallel peers (``data_parallel_size`` below ``world_size``)
+    starts instead where its consumer name last acknowledged in the server's current run, or,
+    on a lane that name never read there, where that run started (0, or the position the
+    server resumed at): a peer that connects after its group started reads the batches the
+    others read, not from where they are.
 
 Rotation start
     The rotation starts at the lane with the smallest position (lowest lane on ties) and then
@@ -254,8 +259,12 @@ class DataClient:
     def _connect(self, data_parallel_size: int | None, interleaved: bool) -> None:
         """Ask every server for its info, check they serve one pipeline, and route this
         rank's lanes to the servers that serve them."""
+        # A rank with tensor/pipeline-parallel peers (they read the same lanes) asks for its
+        # own positions: a peer that connects late must not start where the others are.
+        peers = data_parallel_size is not None and self.world_size // data_parallel_size > 1
+        request = pb.GetInfoRequest(consumer=self.consumer if peers else "")
         for endpoint in self._endpoints:
-            endpoint.info = self._unary(endpoint, "GetInfo", pb.GetInfoRequest())
+            endpoint.info = self._unary(endpoint, "GetInfo", request)
         self._check_servers()
         self._identity = PipelineIdentity.of(self._endpoints[0].info)
         self._num_lanes = self._identity.num_lanes

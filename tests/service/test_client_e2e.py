@@ -123,3 +123,32 @@ def test_a_new_client_starts_where_a_closed_one_stopped(setup):
         for lane, digests in rest.items():
             start = positions[lane]
             assert digests == expected[lane][start : start + len(digests)]
+
+
+def test_a_tensor_parallel_peer_that_connects_late_reads_what_its_peer_read(setup):
+    # Two ranks of one data-parallel group (world 2, data_parallel_size 1) read the same
+    # lanes. Rank 1 connects after rank 0 consumed 20 batches: it starts where the run
+    # started, not where rank 0 is, so both get identical batches.
+    cfg, work, expected = setup
+    with server(["--config", str(cfg)], work) as srv:
+        early = DataClient(srv.address, rank=0, world_size=2, data_parallel_size=1)
+        first, order = read(early, limit=20)
+        early.close()  # its acks reach the server: the lanes' acknowledged positions move on
+        late = DataClient(srv.address, rank=1, world_size=2, data_parallel_size=1)
+        assert late.positions == dict.fromkeys(range(8), 0)
+        second, _ = read(late, limit=20)
+        late.close()
+        assert second == first
+        # Rank 0 again (a restart without a state): where it left off, by its own name.
+        again = DataClient(srv.address, rank=0, world_size=2, data_parallel_size=1)
+        assert again.positions == {lane: len(v) for lane, v in first.items()} | {
+            lane: 0 for lane in range(8) if lane not in first
+        }
+        again.close()
+        # Without a consumer, GetInfo still answers every lane's acknowledged position.
+        from zephon_proto.v1 import data_service_pb2 as pb
+
+        acks = {p.lane: p.next_seq for p in srv.stub().GetInfo(pb.GetInfoRequest()).acknowledged}
+        assert acks == again.positions
+    assert all(v == expected[lane][: len(v)] for lane, v in first.items())
+    assert len(order) == 20

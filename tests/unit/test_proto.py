@@ -68,7 +68,7 @@ def test_dtype_enum_values():
 BINDING_FIELDS = {
     "Tensor": {"name": 1, "dtype": 2, "shape": 3, "data": 4, "ring_offset": 5},
     "LanePosition": {"lane": 1, "next_seq": 2},
-    "GetInfoRequest": {},
+    "GetInfoRequest": {"consumer": 1},
     "GetInfoResponse": {
         "num_lanes": 1,
         "fingerprint": 2,

@@ -24,55 +24,55 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"zephon_proto/v1/data_service.proto\x12\tzephon.v1\"~\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.zephon.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x18\n\x0bring_offset\x18\x05 \x01(\x04H\x00\x88\x01\x01\x42\x0e\n\x0c_ring_offset\".\n\x0cLanePosition\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"\x10\n\x0eGetInfoRequest\"\xc1\x02\n\x0fGetInfoResponse\x12\x11\n\tnum_lanes\x18\x01 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0c\n\x04plan\x18\x03 \x01(\t\x12-\n\x0c\x61\x63knowledged\x18\x04 \x03(\x0b\x32\x17.zephon.v1.LanePosition\x12\x16\n\x0e\x63heckpoint_ids\x18\x05 \x03(\t\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x14\n\x0cserved_lanes\x18\x07 \x03(\r\x12\x14\n\x0ctensor_names\x18\x08 \x03(\t\x12\x11\n\ttokenizer\x18\t \x01(\t\x12\x1c\n\x14\x66lush_every_k_chunks\x18\n \x01(\r\x12\x13\n\x0b\x65nd_of_data\x18\x0b \x01(\t\x12\x1b\n\x0e\x63ommon_end_seq\x18\x0c \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_common_end_seq\"\x88\x01\n\x14StreamBatchesRequest\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x13.zephon.v1.OpenLaneH\x00\x12\x1d\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0e.zephon.v1.AckH\x00\x12$\n\x04ring\x18\x03 \x01(\x0b\x32\x14.zephon.v1.RingReplyH\x00\x42\x06\n\x04kind\"u\n\x08OpenLane\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x11\n\tstart_seq\x18\x02 \x01(\x04\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\x12\x1f\n\x17max_batches_per_message\x18\x04 \x01(\r\x12\x15\n\rshared_memory\x18\x05 \x01(\x08\"\x17\n\x03\x41\x63k\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\"\xbf\x01\n\x15StreamBatchesResponse\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x16.zephon.v1.SampleBatchH\x00\x12%\n\x03\x65nd\x18\x02 \x01(\x0b\x32\x16.zephon.v1.EndOfStreamH\x00\x12(\n\x07\x62\x61tches\x18\x03 \x01(\x0b\x32\x15.zephon.v1.BatchGroupH\x00\x12$\n\x04ring\x18\x04 \x01(\x0b\x32\x14.zephon.v1.RingOfferH\x00\x42\x06\n\x04kind\"6\n\tRingOffer\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05nonce\x18\x03 \x01(\x0c\"-\n\tRingReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"5\n\nBatchGroup\x12\'\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x16.zephon.v1.SampleBatch\"\xc1\x01\n\x0bSampleBatch\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\"\n\x07tensors\x18\x03 \x03(\x0b\x32\x11.zephon.v1.Tensor\x12\"\n\x04rows\x18\x04 \x03(\x0b\x32\x14.zephon.v1.RowSource\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\x14\n\x0c\x63hain_digest\x18\x06 \x01(\x0c\x12)\n\x06\x63losed\x18\x07 \x03(\x0b\x32\x19.zephon.v1.ClosedDocument\"1\n\tRowSource\x12$\n\x08segments\x18\x01 \x03(\x0b\x32\x12.zephon.v1.Segment\"d\n\x07Segment\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\r\x12\r\n\x05shard\x18\x02 \x01(\r\x12\x0b\n\x03row\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\r\x12\r\n\x05start\x18\x05 \x01(\x04\x12\x0e\n\x06length\x18\x06 \x01(\x04\"_\n\x0e\x43losedDocument\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\r\x12\r\n\x05shard\x18\x02 \x01(\r\x12\x0b\n\x03row\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\r\x12\x11\n\ttombstone\x18\x05 \x01(\t\"`\n\x0b\x45ndOfStream\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12\x14\n\x0c\x63hain_digest\x18\x02 \x01(\x0c\x12)\n\x06\x63losed\x18\x03 \x03(\x0b\x32\x19.zephon.v1.ClosedDocument\"L\n\x11\x43heckpointRequest\x12*\n\tpositions\x18\x01 \x03(\x0b\x32\x17.zephon.v1.LanePosition\x12\x0b\n\x03tag\x18\x02 \x01(\t\"f\n\x12\x43heckpointResponse\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\x0c\x12*\n\tpositions\x18\x03 \x03(\x0b\x32\x17.zephon.v1.LanePosition\"C\n\rResumeRequest\x12\x17\n\rcheckpoint_id\x18\x01 \x01(\tH\x00\x12\x0f\n\x05state\x18\x02 \x01(\x0cH\x00\x42\x08\n\x06source\"Q\n\x0eResumeResponse\x12*\n\tpositions\x18\x01 \x03(\x0b\x32\x17.zephon.v1.LanePosition\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t*\x98\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x44TYPE_INT32\x10\x01\x12\x0f\n\x0b\x44TYPE_INT64\x10\x02\x12\x10\n\x0c\x44TYPE_UINT16\x10\x03\x12\x10\n\x0c\x44TYPE_UINT32\x10\x04\x12\x11\n\rDTYPE_FLOAT32\x10\x05\x12\x0e\n\nDTYPE_BOOL\x10\x06\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x07\x32\xb1\x02\n\x0b\x44\x61taService\x12@\n\x07GetInfo\x12\x19.zephon.v1.GetInfoRequest\x1a\x1a.zephon.v1.GetInfoResponse\x12V\n\rStreamBatches\x12\x1f.zephon.v1.StreamBatchesRequest\x1a .zephon.v1.StreamBatchesResponse(\x01\x30\x01\x12I\n\nCheckpoint\x12\x1c.zephon.v1.CheckpointRequest\x1a\x1d.zephon.v1.CheckpointResponse\x12=\n\x06Resume\x12\x18.zephon.v1.ResumeRequest\x1a\x19.zephon.v1.ResumeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"zephon_proto/v1/data_service.proto\x12\tzephon.v1\"~\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.zephon.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x18\n\x0bring_offset\x18\x05 \x01(\x04H\x00\x88\x01\x01\x42\x0e\n\x0c_ring_offset\".\n\x0cLanePosition\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"\"\n\x0eGetInfoRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\"\xc1\x02\n\x0fGetInfoResponse\x12\x11\n\tnum_lanes\x18\x01 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0c\n\x04plan\x18\x03 \x01(\t\x12-\n\x0c\x61\x63knowledged\x18\x04 \x03(\x0b\x32\x17.zephon.v1.LanePosition\x12\x16\n\x0e\x63heckpoint_ids\x18\x05 \x03(\t\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x14\n\x0cserved_lanes\x18\x07 \x03(\r\x12\x14\n\x0ctensor_names\x18\x08 \x03(\t\x12\x11\n\ttokenizer\x18\t \x01(\t\x12\x1c\n\x14\x66lush_every_k_chunks\x18\n \x01(\r\x12\x13\n\x0b\x65nd_of_data\x18\x0b \x01(\t\x12\x1b\n\x0e\x63ommon_end_seq\x18\x0c \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_common_end_seq\"\x88\x01\n\x14StreamBatchesRequest\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x13.zephon.v1.OpenLaneH\x00\x12\x1d\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0e.zephon.v1.AckH\x00\x12$\n\x04ring\x18\x03 \x01(\x0b\x32\x14.zephon.v1.RingReplyH\x00\x42\x06\n\x04kind\"u\n\x08OpenLane\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x11\n\tstart_seq\x18\x02 \x01(\x04\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\x12\x1f\n\x17max_batches_per_message\x18\x04 \x01(\r\x12\x15\n\rshared_memory\x18\x05 \x01(\x08\"\x17\n\x03\x41\x63k\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\"\xbf\x01\n\x15StreamBatchesResponse\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x16.zephon.v1.SampleBatchH\x00\x12%\n\x03\x65nd\x18\x02 \x01(\x0b\x32\x16.zephon.v1.EndOfStreamH\x00\x12(\n\x07\x62\x61tches\x18\x03 \x01(\x0b\x32\x15.zephon.v1.BatchGroupH\x00\x12$\n\x04ring\x18\x04 \x01(\x0b\x32\x14.zephon.v1.RingOfferH\x00\x42\x06\n\x04kind\"6\n\tRingOffer\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05nonce\x18\x03 \x01(\x0c\"-\n\tRingReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"5\n\nBatchGroup\x12\'\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x16.zephon.v1.SampleBatch\"\xc1\x01\n\x0bSampleBatch\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\"\n\x07tensors\x18\x03 \x03(\x0b\x32\x11.zephon.v1.Tensor\x12\"\n\x04rows\x18\x04 \x03(\x0b\x32\x14.zephon.v1.RowSource\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\x14\n\x0c\x63hain_digest\x18\x06 \x01(\x0c\x12)\n\x06\x63losed\x18\x07 \x03(\x0b\x32\x19.zephon.v1.ClosedDocument\"1\n\tRowSource\x12$\n\x08segments\x18\x01 \x03(\x0b\x32\x12.zephon.v1.Segment\"d\n\x07Segment\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\r\x12\r\n\x05shard\x18\x02 \x01(\r\x12\x0b\n\x03row\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\r\x12\r\n\x05start\x18\x05 \x01(\x04\x12\x0e\n\x06length\x18\x06 \x01(\x04\"_\n\x0e\x43losedDocument\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\r\x12\r\n\x05shard\x18\x02 \x01(\r\x12\x0b\n\x03row\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\r\x12\x11\n\ttombstone\x18\x05 \x01(\t\"`\n\x0b\x45ndOfStream\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12\x14\n\x0c\x63hain_digest\x18\x02 \x01(\x0c\x12)\n\x06\x63losed\x18\x03 \x03(\x0b\x32\x19.zephon.v1.ClosedDocument\"L\n\x11\x43heckpointRequest\x12*\n\tpositions\x18\x01 \x03(\x0b\x32\x17.zephon.v1.LanePosition\x12\x0b\n\x03tag\x18\x02 \x01(\t\"f\n\x12\x43heckpointResponse\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\x0c\x12*\n\tpositions\x18\x03 \x03(\x0b\x32\x17.zephon.v1.LanePosition\"C\n\rResumeRequest\x12\x17\n\rcheckpoint_id\x18\x01 \x01(\tH\x00\x12\x0f\n\x05state\x18\x02 \x01(\x0cH\x00\x42\x08\n\x06source\"Q\n\x0eResumeResponse\x12*\n\tpositions\x18\x01 \x03(\x0b\x32\x17.zephon.v1.LanePosition\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t*\x98\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x44TYPE_INT32\x10\x01\x12\x0f\n\x0b\x44TYPE_INT64\x10\x02\x12\x10\n\x0c\x44TYPE_UINT16\x10\x03\x12\x10\n\x0c\x44TYPE_UINT32\x10\x04\x12\x11\n\rDTYPE_FLOAT32\x10\x05\x12\x0e\n\nDTYPE_BOOL\x10\x06\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x07\x32\xb1\x02\n\x0b\x44\x61taService\x12@\n\x07GetInfo\x12\x19.zephon.v1.GetInfoRequest\x1a\x1a.zephon.v1.GetInfoResponse\x12V\n\rStreamBatches\x12\x1f.zephon.v1.StreamBatchesRequest\x1a .zephon.v1.StreamBatchesResponse(\x01\x30\x01\x12I\n\nCheckpoint\x12\x1c.zephon.v1.CheckpointRequest\x1a\x1d.zephon.v1.CheckpointResponse\x12=\n\x06Resume\x12\x18.zephon.v1.ResumeRequest\x1a\x19.zephon.v1.ResumeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'zephon_proto.v1.data_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=2081
-  _globals['_DTYPE']._serialized_end=2233
+  _globals['_DTYPE']._serialized_start=2099
+  _globals['_DTYPE']._serialized_end=2251
   _globals['_TENSOR']._serialized_start=49
   _globals['_TENSOR']._serialized_end=175
   _globals['_LANEPOSITION']._serialized_start=177
   _globals['_LANEPOSITION']._serialized_end=223
   _globals['_GETINFOREQUEST']._serialized_start=225
-  _globals['_GETINFOREQUEST']._serialized_end=241
-  _globals['_GETINFORESPONSE']._serialized_start=244
-  _globals['_GETINFORESPONSE']._serialized_end=565
-  _globals['_STREAMBATCHESREQUEST']._serialized_start=568
-  _globals['_STREAMBATCHESREQUEST']._serialized_end=704
-  _globals['_OPENLANE']._serialized_start=706
-  _globals['_OPENLANE']._serialized_end=823
-  _globals['_ACK']._serialized_start=825
-  _globals['_ACK']._serialized_end=848
-  _globals['_STREAMBATCHESRESPONSE']._serialized_start=851
-  _globals['_STREAMBATCHESRESPONSE']._serialized_end=1042
-  _globals['_RINGOFFER']._serialized_start=1044
-  _globals['_RINGOFFER']._serialized_end=1098
-  _globals['_RINGREPLY']._serialized_start=1100
-  _globals['_RINGREPLY']._serialized_end=1145
-  _globals['_BATCHGROUP']._serialized_start=1147
-  _globals['_BATCHGROUP']._serialized_end=1200
-  _globals['_SAMPLEBATCH']._serialized_start=1203
-  _globals['_SAMPLEBATCH']._serialized_end=1396
-  _globals['_ROWSOURCE']._serialized_start=1398
-  _globals['_ROWSOURCE']._serialized_end=1447
-  _globals['_SEGMENT']._serialized_start=1449
-  _globals['_SEGMENT']._serialized_end=1549
-  _globals['_CLOSEDDOCUMENT']._serialized_start=1551
-  _globals['_CLOSEDDOCUMENT']._serialized_end=1646
-  _globals['_ENDOFSTREAM']._serialized_start=1648
-  _globals['_ENDOFSTREAM']._serialized_end=1744
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1746
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1822
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1824
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1926
-  _globals['_RESUMEREQUEST']._serialized_start=1928
-  _globals['_RESUMEREQUEST']._serialized_end=1995
-  _globals['_RESUMERESPONSE']._serialized_start=1997
-  _globals['_RESUMERESPONSE']._serialized_end=2078
-  _globals['_DATASERVICE']._serialized_start=2236
-  _globals['_DATASERVICE']._serialized_end=2541
+  _globals['_GETINFOREQUEST']._serialized_end=259
+  _globals['_GETINFORESPONSE']._serialized_start=262
+  _globals['_GETINFORESPONSE']._serialized_end=583
+  _globals['_STREAMBATCHESREQUEST']._serialized_start=586
+  _globals['_STREAMBATCHESREQUEST']._serialized_end=722
+  _globals['_OPENLANE']._serialized_start=724
+  _globals['_OPENLANE']._serialized_end=841
+  _globals['_ACK']._serialized_start=843
+  _globals['_ACK']._serialized_end=866
+  _globals['_STREAMBATCHESRESPONSE']._serialized_start=869
+  _globals['_STREAMBATCHESRESPONSE']._serialized_end=1060
+  _globals['_RINGOFFER']._serialized_start=1062
+  _globals['_RINGOFFER']._serialized_end=1116
+  _globals['_RINGREPLY']._serialized_start=1118
+  _globals['_RINGREPLY']._serialized_end=1163
+  _globals['_BATCHGROUP']._serialized_start=1165
+  _globals['_BATCHGROUP']._serialized_end=1218
+  _globals['_SAMPLEBATCH']._serialized_start=1221
+  _globals['_SAMPLEBATCH']._serialized_end=1414
+  _globals['_ROWSOURCE']._serialized_start=1416
+  _globals['_ROWSOURCE']._serialized_end=1465
+  _globals['_SEGMENT']._serialized_start=1467
+  _globals['_SEGMENT']._serialized_end=1567
+  _globals['_CLOSEDDOCUMENT']._serialized_start=1569
+  _globals['_CLOSEDDOCUMENT']._serialized_end=1664
+  _globals['_ENDOFSTREAM']._serialized_start=1666
+  _globals['_ENDOFSTREAM']._serialized_end=1762
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1764
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1840
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1842
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=1944
+  _globals['_RESUMEREQUEST']._serialized_start=1946
+  _globals['_RESUMEREQUEST']._serialized_end=2013
+  _globals['_RESUMERESPONSE']._serialized_start=2015
+  _globals['_RESUMERESPONSE']._serialized_end=2096
+  _globals['_DATASERVICE']._serialized_start=2254
+  _globals['_DATASERVICE']._serialized_end=2559
 # @@protoc_insertion_point(module_scope)

@@ -49,8 +49,10 @@ class LanePosition(_message.Message):
     def __init__(self, lane: _Optional[int] = ..., next_seq: _Optional[int] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("consumer",)
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    consumer: str
+    def __init__(self, consumer: _Optional[str] = ...) -> None: ...
 
 class GetInfoResponse(_message.Message):
     __slots__ = ("num_lanes", "fingerprint", "plan", "acknowledged", "checkpoint_ids", "version", "served_lanes", "tensor_names", "tokenizer", "flush_every_k_chunks", "end_of_data", "common_end_seq")

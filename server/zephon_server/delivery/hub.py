@@ -506,6 +506,7 @@ class LaneHub:
                 st.consumers[consumer] = start_seq
             else:
                 self._join_replay(st, consumer, start_seq, start_seq)
+            st.remember(consumer, start_seq)
         return LaneReader(self, lane, consumer, start_seq, generation)
 
     def _past_end(self, lane: int, seq: int, last: int) -> str:
@@ -632,6 +633,7 @@ class LaneHub:
                 st.acked = max(st.acked, next_seq)
             else:
                 return
+            st.remember(consumer, next_seq)
             for replay in set(st.replaying.values()):
                 replay.cond.notify_all()  # their readers may be at the lane's bound
 
@@ -677,9 +679,17 @@ class LaneHub:
 
     # -- positions and checkpoints ----------------------------------------------------------
 
-    def positions(self) -> dict[int, int]:
-        """Acknowledged next_seq per lane (the slowest active consumer, else the last ack)."""
+    def positions(self, consumer: str = "") -> dict[int, int]:
+        """Acknowledged next_seq per lane (the slowest active consumer, else the last ack);
+        for ``consumer``, its own: where it last acknowledged or opened in this run, else
+        where the run started (a peer of a tensor-parallel group that connects late reads
+        what the others read, not from where they are)."""
         with self._cond:
+            if consumer:
+                return {
+                    lane: st.known.get(consumer, st.start_seq)
+                    for lane, st in sorted(self._state.items())
+                }
             return {lane: st.position() for lane, st in sorted(self._state.items())}
 
     def produced(self) -> dict[int, int]:

@@ -16,6 +16,10 @@ from ..engine.numbered_batch import NumberedBatch
 from ..engine.run import EndOfLane
 from .replays import SharedReplay
 
+#: Consumer names a lane remembers the position of (GetInfo for a consumer, see
+#: :meth:`LaneBuffer.remember`); the oldest is forgotten past it.
+MAX_KNOWN = 1024
+
 
 @dataclass
 class LaneBuffer:
@@ -30,10 +34,23 @@ class LaneBuffer:
     replaying: dict[str, SharedReplay] = field(default_factory=dict)  # consumers in replays
     replay_acked: dict[str, int] = field(default_factory=dict)  # their acked next_seq
     acked: int = 0
+    #: consumer -> where it last acknowledged (or opened) in this run, kept after it leaves
+    #: (:meth:`remember`; the most recent :data:`MAX_KNOWN` names).
+    known: dict[str, int] = field(default_factory=dict)
     waiting: int = 0  # readers and checkpoints waiting for this lane's next batches
     held_s: float = 0.0  # seconds the producer waited because this lane's log was full
     dropped: int = 0  # batches not kept (the log was full while another lane waited)
     dropping: bool = False  # the last batch was not kept
+
+    def remember(self, consumer: str, next_seq: int) -> None:
+        """``consumer``'s position on this lane is ``next_seq`` (the latest name last). A
+        stream's consumer is ``<name>#<stream id>`` (:mod:`.streams`): the name is kept."""
+        name = consumer.rpartition("#")[0] or consumer
+        known = self.known
+        known.pop(name, None)
+        known[name] = next_seq
+        if len(known) > MAX_KNOWN:
+            del known[next(iter(known))]
 
     @property
     def first_seq(self) -> int:

@@ -119,6 +119,17 @@ class RequestLimits:
             )
 
     @staticmethod
+    def check_info(request: pb.GetInfoRequest) -> None:
+        """A GetInfo request: its consumer name, as an OpenLane's."""
+        _check_text(
+            "GetInfoRequest.consumer",
+            request.consumer,
+            CONSUMER_MAX_BYTES,
+            "use a short name like rank3",
+            printable=True,
+        )
+
+    @staticmethod
     def check_open(request: pb.OpenLane) -> None:
         """The first message of a StreamBatches call (its lane and start_seq are the hub's
         to check: it names the lanes served and the reachable range)."""

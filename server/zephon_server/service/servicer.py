@@ -85,6 +85,10 @@ class DataService(pb_grpc.DataServiceServicer):
     def GetInfo(
         self, request: pb.GetInfoRequest, context: grpc.ServicerContext
     ) -> pb.GetInfoResponse:
+        try:
+            self.limits.check_info(request)
+        except InvalidRequest as exc:
+            abort(context, exc)
         hub = self.hub
         tokenizers = [op for op in hub.plan.ops if op.op_name in ("tokenize", "render_chat")]
         store = hub.store
@@ -92,7 +96,7 @@ class DataService(pb_grpc.DataServiceServicer):
             num_lanes=hub.num_lanes,
             fingerprint=hub.fingerprint,
             plan=hub.plan.explain(),
-            acknowledged=_positions(hub.positions()),
+            acknowledged=_positions(hub.positions(request.consumer)),
             checkpoint_ids=store.ids() if store is not None else [],
             version=__version__,
             served_lanes=hub.lanes,

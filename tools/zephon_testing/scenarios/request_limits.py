@@ -127,6 +127,16 @@ FIELD_CASES = [
         "OpenLane.consumer has a control character (U+000A) at position 5",
     ),
     (
+        "GetInfo consumer over 128 bytes",
+        lambda r: lambda: r.stub.GetInfo(pb.GetInfoRequest(consumer="r" * 129), timeout=20),
+        "GetInfoRequest.consumer is 129 bytes of UTF-8; the limit is 128",
+    ),
+    (
+        "GetInfo consumer with a newline",
+        lambda r: lambda: r.stub.GetInfo(pb.GetInfoRequest(consumer="rank3\nFAKE"), timeout=20),
+        "GetInfoRequest.consumer has a control character (U+000A) at position 5",
+    ),
+    (
         "RingReply reason over 512 bytes",
         lambda r: stream(
             r,
