@@ -323,7 +323,11 @@ def markdown(result: dict[str, Any], provenance: str) -> str:
         f"{result['rounds']} alternating rounds after one untimed run of each. Target ≥ {TARGET}. "
         "Shapes: short and long answers (about 40 and 400 words); reasoning (120-word answers, "
         "each with a 300-word `reasoning_content`, trained where Qwen3's template writes it); "
-        "tools (120-word answers, every other one after a tool call and the tool's answer).",
+        "tools (120-word answers, every other one after a tool call and the tool's answer). "
+        "Tokenizers: a byte-level BPE of 8k tokens trained on the spot with ChatML's template, "
+        "and the real Qwen3 and Llama 3.2 tokenizers with their own templates (Llama 3.2's "
+        "writes a dated system turn into every conversation); reasoning and tools on Qwen3 "
+        "alone, whose template writes both.",
         "",
         "| conversations | tokenizer | chat / tokenizer alone (steady state) | rounds "
         "| whole run | reservoir / lane | flush periods in window | tokenizer alone | verdict |",
