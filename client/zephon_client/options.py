@@ -42,9 +42,12 @@ def seconds(name: str, value: Any, *, allow_none: bool = False, allow_zero: bool
 
 
 def checkpoint_positions(positions: Mapping[Any, Any]) -> dict[int, int]:
-    """``checkpoint(positions=...)`` checked: lane -> next_seq, both integers >= 0."""
+    """``checkpoint(positions=...)`` checked: lane -> next_seq, both integers >= 0; a lane
+    may be a string of digits, as a state_dict's positions are after a JSON round trip."""
     out: dict[int, int] = {}
     for lane, seq in positions.items():
+        if isinstance(lane, str) and lane.isdecimal():
+            lane = int(lane)
         lane = whole_number("checkpoint positions: a lane", lane, 0, "lane ids start at 0")
         out[lane] = whole_number(f"lane {lane}: the position", seq, 0, "a next seq")
     return out

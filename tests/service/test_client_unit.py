@@ -35,6 +35,7 @@ from zephon_client import (
     ZephonClientError,
     merge_state_dicts,
 )
+from zephon_client.options import checkpoint_positions
 from zephon_client.stream import (
     ACK_INTERVAL,
     BATCHES_PER_MESSAGE,
@@ -340,7 +341,9 @@ def test_checkpoint_positions_are_checked_before_any_call():
         with pytest.raises(ValueError, match=r"lane 0: the position must be at least 0"):
             c.checkpoint(positions={0: -1})
         with pytest.raises(ValueError, match=r"checkpoint positions: a lane must be an integer"):
-            c.checkpoint(positions={"0": 1})
+            c.checkpoint(positions={"zero": 1})
+    # A state_dict's positions after a JSON round trip (string lanes) are accepted, as before.
+    assert checkpoint_positions({"0": 1, 2: 3}) == {0: 1, 2: 3}
 
 
 @pytest.mark.parametrize(
