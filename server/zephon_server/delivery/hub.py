@@ -143,11 +143,7 @@ class LaneHub:
         #: ...and at all (with replays on): past it, batches are not kept.
         self.cap = self.limit + overflow(max_ahead)
         self.keep_consumed = keep_consumed
-        # Default: one replay per served lane (at least 4), so that one consumer of every
-        # lane that fell behind (a trainer resumed far back) gets every lane's replay at once.
-        self._replays = ReplayPool(
-            max(MIN_AUTO_REPLAYS, len(self.lanes)) if max_replays is None else max_replays
-        )
+        self._replays = ReplayPool.serving(len(self.lanes), max_replays)
         # One lock; the general condition wakes the producer and checkpoint waiters, each
         # lane's condition only that lane's readers (no herd of every stream per batch), each
         # replay's condition only its readers and its producer.
@@ -794,10 +790,6 @@ class LaneHub:
             "end_of_data": end_of_data,
             "time": time.time(),
         }
-
-
-#: The fewest replays the default (one per served lane) allows at once.
-MIN_AUTO_REPLAYS = 4
 
 
 def _keep_everything(lane: int) -> None:

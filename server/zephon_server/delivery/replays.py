@@ -192,8 +192,19 @@ class SharedReplay:
         return not self.closed
 
 
+#: The fewest replays the default limit (one per served lane) allows at once.
+MIN_AUTO_REPLAYS = 4
+
+
 class ReplayPool:
     """The hub's replays: finding one to join, the ``--max-replays`` limit, figures."""
+
+    @classmethod
+    def serving(cls, lanes: int, limit: int | None) -> ReplayPool:
+        """The pool of a hub serving ``lanes`` lanes: ``limit`` replays at once, or by default
+        one per lane (at least :data:`MIN_AUTO_REPLAYS`), so that one consumer of every lane
+        that fell behind (a trainer resumed far back) gets every lane's replay at once."""
+        return cls(max(MIN_AUTO_REPLAYS, lanes) if limit is None else limit)
 
     def __init__(self, limit: int) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
