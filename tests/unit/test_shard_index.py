@@ -404,6 +404,22 @@ def test_index_dir_blobs_round_trip_and_old_temporary_files_are_swept(tmp_path: 
     assert not old.exists() and new.exists() and (tmp_path / "idx" / "a" / "b.zsi").exists()
 
 
+def test_an_index_dir_removed_under_a_running_process_is_made_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a cache cleaner removing ~/.cache/zephon under a running server must not turn every
+    # later entry into a memory-only one (the directories were remembered as made)
+    import shutil
+
+    store = IndexDir(str(tmp_path / "idx"))
+    store.put_atomic("entries/ab/one.zsi", b"first")
+    shutil.rmtree(tmp_path / "idx")
+    with caplog.at_level(logging.WARNING):
+        store.put_atomic("entries/ab/two.zsi", b"second")
+    assert store.persistent and store.stopped is None and not caplog.records
+    assert (tmp_path / "idx" / "entries" / "ab" / "two.zsi").read_bytes() == b"second"
+
+
 def test_operators_in_worker_processes_get_the_plans_index_dir(tmp_path: Path) -> None:
     root = write_shards(tmp_path / "data", "jsonl")
     pipe = Pipeline([DatasetSpec("web", str(root), 1.0)], lanes=2)

@@ -263,7 +263,7 @@ class IndexDir:
             directory, f".{os.path.basename(target)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         )
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = _create(tmp)
             try:
                 view = memoryview(data)
                 while view:
@@ -291,6 +291,19 @@ class IndexDir:
             self.root,
             reason,
         )
+
+
+def _create(path: str) -> int:
+    """A new file at ``path`` for writing. Its directory is made again if it is gone: a
+    cache cleaner (or a user) that removed the index directory under a running server must
+    not stop every later write (the directory is known to exist once made, so only this
+    failure tells)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        return os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, 0o644)
 
 
 def _budget(value: int | None, name: str) -> int | None:
