@@ -112,3 +112,11 @@ def test_no_files_in_dataset_dir(tmp_path, corpus_dir):
     pipeline, execution = parse_config(cfg)
     with pytest.raises(ConfigError, match=r"no .*files"):
         pipeline.plan(execution)
+
+
+def test_an_operators_own_message_names_it_once(tmp_path, corpus_dir):
+    cfg = base_config(corpus_dir)
+    cfg["pipeline"].insert(2, {"pack_flat": {"max_length": 0}})
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, yaml.safe_dump(cfg)))
+    assert str(err.value).startswith("pipeline[2].pack_flat: max_length must be an integer")

@@ -129,7 +129,9 @@ def _add_operator(pipeline: Pipeline, i: int, entry: Any, base_dir: str) -> None
     try:
         pipeline.add(name, **params)
     except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"pipeline[{i}].{name}: {exc}") from exc
+        text = str(exc)  # an operator's own message names it already: say it once
+        text = text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
+        raise ConfigError(f"pipeline[{i}].{name}: {text}") from exc
 
 
 def _execution(data: dict[str, Any], base_dir: str) -> ExecutionConfig:
