@@ -80,6 +80,7 @@ def add_index_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Build every dataset's index entries and catalog; prints one summary line."""
+    from .engine.datasets import register_buckets
     from .engine.index_budget import enforce
     from .engine.index_builder import list_jobs
     from .engine.shard_index import ShardIndex
@@ -91,6 +92,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not interval >= 0:
         raise ZephonError(f"--progress-interval must be >= 0 seconds, got {interval!r}")
     pipeline, execution = load_pipeline(args, tuned_runtime())
+    register_buckets(pipeline.datasets)  # an index in a dataset's bucket uses its options
     store = _writable_store(execution)
     datasets = list_jobs(pipeline.datasets, pipeline.base_dir)
     cache = ShardCache(index=ShardIndex(store), max_open_indexes=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import uuid
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def test_every_format_reads_byte_identical_to_local_disk(s3, four_formats):
     assert all(" etag=" in s.identity for d in remote_infos for s in d.shards)
 
 
-def test_listing_prefix_single_object_and_glob(s3, tmp_path):
+def test_listing_prefix_single_object_and_glob(s3, tmp_path, caplog):
     bucket = new_bucket(s3)
     for key in [
         "cc/a/1.jsonl",
@@ -122,6 +123,7 @@ def test_listing_prefix_single_object_and_glob(s3, tmp_path):
         "cc/.hidden/4.parquet",
         "cc/b/.5.parquet",
         "cc/README.md",
+        "cc/a/7.ndjson",
         "ccx/6.parquet",
         "one.jsonl.zst",
     ]:
@@ -136,11 +138,19 @@ def test_listing_prefix_single_object_and_glob(s3, tmp_path):
         shards = list_object_shards("dataset 't'", path, opts, fmt, infer_format, "...")
         return [(url.split("/", 3)[3], f) for url, f, _ in shards]
 
-    assert listed(f"s3://{bucket}/cc/") == [
-        ("cc/a/1.jsonl", "jsonl"),
-        ("cc/a/2.parquet", "parquet"),
-        ("cc/b/c/3.parquet", "parquet"),
-    ]
+    with caplog.at_level(logging.INFO, logger="zephon_server.engine.ignored_files"):
+        assert listed(f"s3://{bucket}/cc/") == [
+            ("cc/a/1.jsonl", "jsonl"),
+            ("cc/a/2.parquet", "parquet"),
+            ("cc/b/c/3.parquet", "parquet"),
+        ]
+    # an object that looks like data in a format not read is named, the others counted
+    [warned, counted] = caplog.records
+    assert warned.levelname == "WARNING" and "1 file(s) in prefix" in warned.getMessage()
+    assert warned.getMessage().endswith(
+        ": a/7.ndjson; rename or convert them, or select them with a glob and set format"
+    )
+    assert counted.levelname == "INFO" and "1 other file(s)" in counted.getMessage()
     assert listed(f"s3://{bucket}/cc") == listed(f"s3://{bucket}/cc/")  # a prefix without "/"
     assert listed(f"s3://{bucket}/one.jsonl.zst") == [("one.jsonl.zst", "jsonl.zst")]
     assert listed(f"s3://{bucket}/cc/**/*.parquet") == [
@@ -368,6 +378,33 @@ def test_missing_bucket_and_missing_prefix_fail_at_start_up(s3):
                 [DatasetSpec("d", path, 1.0, storage_options=opts)], cache=ShardCache()
             )
         assert "\n" not in str(info.value) and "dataset 'd'" in str(info.value)
+
+
+def test_an_object_gone_between_listing_and_head_is_named_not_the_bucket(s3, monkeypatch):
+    # a corpus rewritten (delete, then put) while a server starts: the listing sees an
+    # object that is gone by its HEAD; that is not a missing bucket
+    from zephon_server.engine.storage import remote
+
+    bucket = new_bucket(s3)
+    for i in range(3):
+        s3.put(bucket, f"web/part-{i}.jsonl", b'{"text": "x"}\n')
+    listed = remote.ArrowStore.list
+
+    def list_then_delete(self, prefix, *args, **kwargs):
+        out = listed(self, prefix, *args, **kwargs)
+        s3.client().delete_object(Bucket=bucket, Key="web/part-1.jsonl")
+        return out
+
+    monkeypatch.setattr(remote.ArrowStore, "list", list_then_delete)
+    spec = DatasetSpec("web", f"s3://{bucket}/web/", 1.0, storage_options=options(s3.endpoint))
+    with pytest.raises(ConfigError) as info:
+        resolve_datasets([spec], cache=ShardCache())
+    assert str(info.value) == (
+        f"dataset 'web': object s3://{bucket}/web/part-1.jsonl was listed, then was gone when "
+        f"its ETag was read: the objects under s3://{bucket}/web/ changed while the server "
+        "listed them (a corpus being written, rewritten or removed); start again once the "
+        "corpus is complete"
+    )
 
 
 def test_wrong_credentials_fail_at_start_up_naming_the_fix(tmp_path):

@@ -177,3 +177,68 @@ def test_an_s3_index_directory_is_shared_by_zephon_index_and_later_starts(
 
 def stream_config_datasets(cfg: Path) -> list:
     return yaml.safe_load(cfg.read_text())["datasets"]
+
+
+def only_storage_options(s3, stream_config, bucket: str, tmp_path: Path) -> tuple[Path, dict]:
+    """A config whose datasets reach the store through storage_options alone, and an
+    environment without any AWS_ variable."""
+    cfg_path = s3_config(stream_config, bucket, tmp_path / "opts.yaml")
+    cfg = yaml.safe_load(cfg_path.read_text())
+    env = s3.env()
+    for dataset in cfg["datasets"]:
+        dataset["storage_options"] = {
+            "endpoint_url": env["AWS_ENDPOINT_URL"],
+            "access_key": env["AWS_ACCESS_KEY_ID"],
+            "secret_key": env["AWS_SECRET_ACCESS_KEY"],
+            "region": env["AWS_REGION"],
+        }
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return cfg_path, {**clean, "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def run_clean(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "zephon_server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def test_an_index_in_a_datasets_bucket_is_reached_with_its_storage_options(
+    s3, corpus_dir, stream_config, tmp_path
+):
+    bucket = s3.bucket(f"opt-{uuid.uuid4().hex[:12]}")
+    s3.upload_tree(corpus_dir, bucket, "corpus")
+    cfg, env = only_storage_options(s3, stream_config, bucket, tmp_path)
+    index = f"s3://{bucket}/zephon-index"
+    cold = run_clean(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path)
+    assert cold.returncode == 0, cold.stderr
+    assert "WARNING" not in cold.stderr, cold.stderr  # it was the default endpoint before
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert any(k.startswith("zephon-index/catalogs/") for k in keys)
+    warm = run_clean(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path)
+    assert warm.returncode == 0 and "row counts from the index catalog" in warm.stderr
+
+
+def test_an_index_store_that_does_not_answer_is_not_used_at_all(
+    s3, corpus_dir, stream_config, tmp_path
+):
+    # the index in another bucket, reached with the environment's endpoint, which refuses
+    # connections: one probe's retry budget, then no request per catalog and entry
+    bucket = s3.bucket(f"opt-{uuid.uuid4().hex[:12]}")
+    s3.upload_tree(corpus_dir, bucket, "corpus")
+    cfg, env = only_storage_options(s3, stream_config, bucket, tmp_path)
+    env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_port()}"
+    index = "s3://another-bucket/zephon-index"
+    res = run_clean(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path)
+    assert res.returncode == 0, res.stderr
+    warnings = [line for line in res.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1, res.stderr
+    assert f"index directory {index} does not answer (" in warnings[0]
+    assert "the storage_options of a dataset in the same bucket" in warnings[0]

@@ -3,6 +3,7 @@ plus the sample corpus writer that other tests and the benchmark use."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -219,3 +220,57 @@ def test_sample_corpus_is_deterministic_and_has_non_ascii(tmp_path: Path) -> Non
     text = all_web.decode("utf-8")
     assert any(ord(ch) > 127 for ch in text)
     assert not list((tmp_path / "a").rglob("*.tmp"))
+
+
+def shard_names(info, root: Path) -> list[str]:
+    return [os.path.relpath(s.path, root) for s in info.shards]
+
+
+def test_links_to_directories_are_followed_and_every_file_is_listed_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    write_jsonl(elsewhere / "cc" / "part-1.jsonl", rows(2))
+    d = tmp_path / "data"
+    write_jsonl(d / "part-0.jsonl", rows(1))
+    (d / "cc").symlink_to(elsewhere / "cc")  # a linked directory is part of the dataset
+    (d / "sub").mkdir()
+    (d / "sub" / "up").symlink_to(d)  # a loop: adds nothing
+    (d / "again.jsonl").symlink_to(d / "part-0.jsonl")  # one file, two paths
+    with caplog.at_level(logging.WARNING):
+        [info] = resolve_datasets([DatasetSpec("d", str(d), 1.0)], cache=ShardCache())
+    assert shard_names(info, d) == ["cc/part-1.jsonl", "part-0.jsonl"]
+    [warned] = [r.getMessage() for r in caplog.records]
+    assert warned.startswith("dataset 'd': 1 listed file path(s) lead to a file listed already")
+    assert f"(e.g. {d / 'again.jsonl'} is {d / 'part-0.jsonl'}, through a link)" in warned
+
+
+def test_a_glob_through_a_link_loop_lists_each_file_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = tmp_path / "b"
+    write_jsonl(d / "sub" / "part-0.jsonl", rows(1))
+    (d / "sub" / "up").symlink_to(Path(".."))  # Python's glob walked it 40 levels deep
+    (d / "sub" / "down").symlink_to(Path("..") / "sub")  # a second loop: 2**40 walks
+    with caplog.at_level(logging.WARNING):
+        [info] = resolve_datasets([DatasetSpec("g", str(d / "**" / "*.jsonl"), 1.0)])
+    assert shard_names(info, d) == ["sub/part-0.jsonl"] and info.num_rows == 1
+    assert not caplog.records  # no second path was even walked
+
+
+def test_files_that_look_like_data_but_are_not_read_are_named(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("x.ndjson", "y.jsonl.bz2", "z.jsonl.gz.part"):
+        (tree / "data" / "sub" / name).write_text("{}\n")
+    with caplog.at_level(logging.INFO, logger="zephon_server.engine.ignored_files"):
+        resolve_datasets([DatasetSpec("d", str(tree / "data"), 1.0)], cache=ShardCache())
+    warned, counted = (r.getMessage() for r in caplog.records)
+    assert warned.startswith(f"dataset 'd': 4 file(s) in directory '{tree / 'data'}' look like")
+    assert warned.endswith(
+        ": notes.json, sub/x.ndjson, sub/y.jsonl.bz2, sub/z.jsonl.gz.part; rename or convert "
+        "them, or select them with a glob and set format"
+    )
+    assert counted.endswith(
+        f"1 other file(s) in directory '{tree / 'data'}' are not shards and are not read"
+    )

@@ -23,7 +23,12 @@ from zephon_server.engine.corpus import write_jsonl
 from zephon_server.engine.datasets import DatasetSpec, ShardInfo
 from zephon_server.engine.errors import ShardChanged, ZephonError
 from zephon_server.engine.execution import ExecutionConfig
-from zephon_server.engine.identity import describe_change, format_ns, local_identity
+from zephon_server.engine.identity import (
+    describe_change,
+    format_ns,
+    local_identity,
+    object_identity,
+)
 from zephon_server.engine.manifest import (
     ShardManifest,
     load_manifest,
@@ -234,6 +239,16 @@ def test_describe_change_reads_like_the_messages() -> None:
         "size 100 -> 120 bytes"
     )
     assert describe_change(a, local_identity(100, 1)).endswith("size 100 bytes unchanged")
+    # a checkpoint of objects resumed on a local copy (or the reverse) says so
+    obj = object_identity(100, '"9b2c"')
+    assert describe_change(obj, a) == (
+        "an object (ETag) then, a local file (modified time) now, size 100 bytes: a checkpoint "
+        "cannot move between object storage and local disk, as shards there are identified "
+        "differently; resume with the dataset path it was taken on"
+    )
+    assert describe_change(b, obj).startswith(
+        "a local file (modified time) then, an object (ETag) now, size 120 -> 100 bytes: "
+    )
 
 
 def test_rows_of_a_multi_frame_zstd_shard_are_checked_to_be_lines_too() -> None:

@@ -13,7 +13,6 @@ unchanged is counted from one catalog file, reading no shard at all (:mod:`.inde
 
 from __future__ import annotations
 
-import glob
 import logging
 import math
 import numbers
@@ -24,9 +23,12 @@ from typing import TYPE_CHECKING
 
 from .errors import ConfigError, DataError
 from .identity import local_identity, object_identity
+from .ignored_files import report_ignored
 from .index_catalog import count_shards
+from .local_listing import glob_files, unique_files, walk_files
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 from .storage import StorageOptions, configure_bucket, is_url, unsupported_scheme
+from .storage.location import glob_base
 from .storage.shard_io import identity_of
 
 if TYPE_CHECKING:
@@ -318,12 +320,17 @@ def _object_shards(spec: DatasetSpec, cache: ShardCache) -> tuple[tuple[ShardInf
 def register_storage(datasets: Sequence[DatasetInfo]) -> None:
     """Make this process read every object-store dataset's bucket with its options (worker
     processes call it with the datasets they were handed)."""
-    for info in datasets:
-        if is_url(info.spec.path):
+    register_buckets([info.spec for info in datasets])
+
+
+def register_buckets(specs: Sequence[DatasetSpec]) -> None:
+    """Record each object-store dataset's ``storage_options`` for its bucket. Called before
+    the index directory is opened too: an index in a dataset's bucket is reached as the
+    dataset is (its endpoint and credentials), not with the defaults."""
+    for spec in specs:
+        if is_url(spec.path):
             configure_bucket(
-                info.spec.path,
-                info.spec.storage_options or StorageOptions(),
-                f"dataset {info.name!r}",
+                spec.path, spec.storage_options or StorageOptions(), f"dataset {spec.name!r}"
             )
 
 
@@ -333,7 +340,7 @@ def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
     raw = os.path.expanduser(spec.path)
     full = os.path.abspath(raw if os.path.isabs(raw) else os.path.join(base, raw))
     if any(c in _GLOB_CHARS for c in raw):
-        files = sorted(p for p in glob.glob(full, recursive=True) if os.path.isfile(p))
+        files = unique_files(who, glob_files(full))
         if not files:
             raise ConfigError(
                 f"{who}: pattern {full!r} matches no files (check the path and the pattern; "
@@ -341,11 +348,7 @@ def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
             )
         where = f"pattern {full!r}"
     elif os.path.isdir(full):
-        files = []
-        for root, dirs, names in os.walk(full):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            files.extend(os.path.join(root, n) for n in names if not n.startswith("."))
-        files.sort()
+        files = unique_files(who, walk_files(full))
         where = f"directory {full!r}"
     elif os.path.isfile(full):
         fmt = spec.format or infer_format(full)
@@ -361,6 +364,7 @@ def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
             f"resolve against {base!r}; fix the path or the base directory)"
         )
     shards: list[tuple[str, str]] = []
+    ignored: list[str] = []
     is_pattern = where.startswith("pattern")
     for path in files:
         fmt = infer_format(path)
@@ -370,6 +374,10 @@ def _list_shards(spec: DatasetSpec, base: str) -> list[tuple[str, str]]:
             fmt = spec.format
         if fmt is not None:
             shards.append((path, fmt))
+        else:
+            ignored.append(path)
+    root = glob_base(full) if is_pattern else full
+    report_ignored(who, where, ignored, supported_extensions(), root)
     if not shards:
         raise ConfigError(
             f"{who}: {where} holds no shard files with a supported extension "

@@ -70,6 +70,8 @@ def describe_change(old: str, new: str) -> str:
     ``"ETag 9b2c... -> 77f1..., size 100 bytes unchanged"``.
     """
     a, b = identity_parts(old), identity_parts(new)
+    if ("etag" in a) != ("etag" in b):
+        return _moved(a, b)
     changed: list[str] = []
     same: list[str] = []
     for key in sorted(set(a) | set(b), key=_key_order):
@@ -79,6 +81,22 @@ def describe_change(old: str, new: str) -> str:
         else:
             same.append(f"{_label(key)} {_show(key, x)}{_unit(key)} unchanged")
     return ", ".join(changed + same) or "no difference"
+
+
+def _moved(a: dict[str, str], b: dict[str, str]) -> str:
+    """An object then and a local file now, or the reverse: their identities hold different
+    things (an ETag, a modification time), so nothing can tell whether the bytes are the same."""
+
+    def kind(parts: dict[str, str]) -> str:
+        return "an object (ETag)" if "etag" in parts else "a local file (modified time)"
+
+    size = a.get("size", "-"), b.get("size", "-")
+    sizes = f"size {size[0]} bytes" if size[0] == size[1] else f"size {size[0]} -> {size[1]} bytes"
+    return (
+        f"{kind(a)} then, {kind(b)} now, {sizes}: a checkpoint cannot move between object "
+        "storage and local disk, as shards there are identified differently; resume with the "
+        "dataset path it was taken on"
+    )
 
 
 def only_time_changed(old: str, new: str) -> bool:

@@ -38,7 +38,10 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from .storage.retry import StorageRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,8 @@ class IndexDir:
         self.spill_max_bytes = _budget(spill_max_bytes, "spill_max_bytes")
         #: Why writing stopped (a failed write, a full disk), None while it goes on.
         self.stopped: str | None = None
+        #: Why the directory is not used at all (an object store that does not answer).
+        self.unreachable: str | None = None
         self._memory: dict[str, bytes] = {}
         self._made: set[str] = set()  # directories known to exist (created once)
         self._lock = threading.Lock()
@@ -349,7 +354,7 @@ class ObjectIndexDir(IndexDir):
 
         with self._lock:
             kept = self._memory.get(name)
-        if kept is not None:
+        if kept is not None or self.unreachable is not None:
             return kept
         store, prefix = self._store()
         try:
@@ -382,6 +387,8 @@ class ObjectIndexDir(IndexDir):
         return 0  # a PUT leaves no temporary object behind
 
     def blobs(self) -> list[Blob]:
+        if self.unreachable is not None:
+            return []
         store, prefix = self._store()
         out: list[Blob] = []
         for info in store.list(prefix):
@@ -406,6 +413,12 @@ class ObjectIndexDir(IndexDir):
 def _object_write_problem(root: str) -> str | None:
     """Why no object can be written below ``root`` (None: a probe object was written and
     deleted)."""
+    failed = _object_probe(root)
+    return None if failed is None else str(failed)
+
+
+def _object_probe(root: str) -> StorageRequestError | None:
+    """The failure of writing and deleting a probe object below ``root`` (None: it worked)."""
     from .storage.retry import StorageRequestError
     from .storage.store import shard_store
 
@@ -415,8 +428,28 @@ def _object_write_problem(root: str) -> str | None:
         store.write_atomic(probe, b"zephon")
         store.delete(probe)
     except StorageRequestError as exc:
-        return str(exc)
+        return exc
     return None
+
+
+def _probe_object_dir(found: ObjectIndexDir) -> str | None:
+    """Probe an object-store index directory: one that does not answer at all (a network
+    failure, throttling or server errors through the whole retry budget) is not used, so
+    that no start pays that budget again for every catalog and entry it would read."""
+    from .storage.retry import RETRYABLE
+
+    failed = _object_probe(found.root or "")
+    if failed is not None and failed.outcome in RETRYABLE:
+        found.unreachable = str(failed)
+        logger.warning(
+            "index directory %s does not answer (%s); the index is not used by this process "
+            "(every shard is indexed in memory). It is reached with the storage_options of a "
+            "dataset in the same bucket, else the standard AWS configuration "
+            "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)",
+            found.root,
+            failed,
+        )
+    return None if failed is None else str(failed)
 
 
 _opened: dict[str, IndexDir] = {}
@@ -444,8 +477,14 @@ def open_index_dir(
         found = _opened.get(root)
         if found is None:
             found = _opened[root] = ObjectIndexDir(root) if remote else IndexDir(root)
-            problem = _object_write_problem(root) if remote else write_problem(root)
-            if problem is not None:
+            if isinstance(found, ObjectIndexDir):
+                problem = _probe_object_dir(found)
+            else:
+                problem = write_problem(root)
+            if found.unreachable is not None:
+                found.writable = False
+                found.stopped = problem
+            elif problem is not None:
                 found._stop_writing(problem)
             else:
                 logger.info("shard index directory %s", root)

@@ -1,5 +1,10 @@
-"""Parquet text columns: checking that the column is text, the byte size of each value, and the
-values of a string column holding invalid UTF-8."""
+"""Parquet text columns: checking that the column is text, decoding a dictionary-encoded one,
+the byte size of each value, and its values as Python objects.
+
+A value's size is taken from the Arrow buffers before anything is converted, so a value over
+the dataset's ``max_document_bytes`` is never made into a Python object (it would cost its
+size again, plus the cache's copy): it is reported as oversized from its size alone.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +15,62 @@ import numpy as np
 from .errors import DataError
 
 
-def value_sizes(column: Any, values: list[Any]) -> np.ndarray:
-    """Bytes of each value of a string/binary column (UTF-8 length for text, 0 for nulls)."""
+def plain(column: Any) -> Any:
+    """``column`` with a dictionary-encoded text column (a pandas Categorical, pyarrow's
+    ``dictionary_encode``) decoded to its value type, so its texts are the plain column's."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        return column.cast(column.type.value_type)
+    return column
+
+
+def value_sizes(column: Any) -> np.ndarray:
+    """Bytes of each value of a plain string/binary column (UTF-8 length for text, 0 for
+    nulls), from its Arrow buffers: no value is converted."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     try:
         return np.asarray(pc.binary_length(column).fill_null(0).to_numpy(), dtype=np.int64)
-    except pa.ArrowNotImplementedError:  # e.g. string_view columns
-        return np.array(
-            [0 if v is None else len(v.encode() if isinstance(v, str) else v) for v in values],
-            dtype=np.int64,
-        )
+    except pa.ArrowNotImplementedError:  # string_view / binary_view columns
+        sizes = [_view_sizes(chunk) for chunk in column.chunks]
+        return np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+
+
+def _view_sizes(chunk: Any) -> np.ndarray:
+    """Value lengths of a string_view / binary_view array: each 16-byte view starts with its
+    length (int32, little-endian)."""
+    views = np.frombuffer(chunk.buffers()[1], dtype="<i4").reshape(-1, 4)
+    sizes = views[chunk.offset : chunk.offset + len(chunk), 0].astype(np.int64)
+    if chunk.null_count:
+        sizes[chunk.is_null().to_numpy(zero_copy_only=False)] = 0
+    return sizes
+
+
+def column_values(column: Any, limit: int | None) -> tuple[list[Any], np.ndarray, int]:
+    """(values, sizes, bytes) of a plain text column: each value as ``to_pylist`` gives it
+    (see :func:`text_or_bytes` for invalid UTF-8), None for nulls and, never converted, for
+    a value over ``limit`` bytes; each value's size (:func:`value_sizes`); the Arrow bytes of
+    the values kept."""
+    import pyarrow as pa
+
+    sizes = value_sizes(column)
+    over = sizes > limit if limit is not None else None
+    if over is None or not over.any():
+        return _python(column), sizes, int(column.nbytes)
+    kept = np.flatnonzero(~over)
+    values: list[Any] = [None] * len(sizes)
+    for i, value in zip(kept.tolist(), _python(column.take(pa.array(kept)))):
+        values[i] = value
+    return values, sizes, int(column.nbytes) - int(sizes[over].sum())
+
+
+def _python(column: Any) -> list[Any]:
+    try:
+        return column.to_pylist()  # type: ignore[no-any-return]
+    except UnicodeDecodeError:  # pyarrow does not check a string column's UTF-8
+        return text_or_bytes(column)
 
 
 def text_or_bytes(column: Any) -> list[Any]:
@@ -40,6 +89,8 @@ def text_or_bytes(column: Any) -> list[Any]:
 
 
 def check_field(path: str, schema: Any, text_field: str) -> None:
+    """:class:`DataError` unless ``text_field`` is a column of text: string or binary (large
+    and view variants too), or a dictionary of such values."""
     import pyarrow as pa
 
     names = list(schema.names)
@@ -49,15 +100,21 @@ def check_field(path: str, schema: Any, text_field: str) -> None:
             "(set the dataset's text_field to one of them)"
         )
     typ = schema.field(text_field).type
+    if not (_is_text(typ) or (pa.types.is_dictionary(typ) and _is_text(typ.value_type))):
+        raise DataError(
+            f"Parquet shard {path}: column {text_field!r} has type {typ}, expected a string "
+            "or binary column (set text_field to a text column)"
+        )
+
+
+def _is_text(typ: Any) -> bool:
+    import pyarrow as pa
+
     is_view = getattr(pa.types, "is_string_view", None)
-    if not (
+    return bool(
         pa.types.is_string(typ)
         or pa.types.is_large_string(typ)
         or pa.types.is_binary(typ)
         or pa.types.is_large_binary(typ)
         or (is_view is not None and is_view(typ))
-    ):
-        raise DataError(
-            f"Parquet shard {path}: column {text_field!r} has type {typ}, expected a string "
-            "or binary column (set text_field to a text column)"
-        )
+    )

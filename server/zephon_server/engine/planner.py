@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import lane_ends
-from .datasets import DatasetInfo, resolve_datasets
+from .datasets import DatasetInfo, register_buckets, resolve_datasets
 from .errors import ConfigError
 from .execution import ExecutionConfig
 from .index_budget import enforce
@@ -156,6 +156,7 @@ def _check_chat_chain(ops: list[Operator]) -> None:
 def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     """Resolve datasets, check the chain, group into stages and steps."""
     ops = _check_chain(list(pipeline.ops))
+    register_buckets(pipeline.datasets)  # an index in a dataset's bucket uses its options
     index = open_index_dir(
         execution.index_dir,
         max_bytes=execution.index_max_bytes,

@@ -15,7 +15,9 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
   dataset's ``on_error``: its row count cannot be known. A zstd shard of several frames whose
   index entry is known is read frame by frame instead (:mod:`.zstd_frames`).
 * Parquet: row counts come from the footer; rows are read by row group, only the requested
-  text column, and decoded row-group columns share the same LRU budget.
+  text column, and decoded row-group columns share the same LRU budget. Page checksums are
+  verified, and a row group that cannot be read costs only its own rows (an
+  :class:`~.parquet_rows.Unreadable` marker each; :mod:`.parquet_rows`).
 
 What counting builds (row counts, line starts, zstd frame tables, Parquet row-group bounds) is
 an *index entry* of the cache's :class:`~.shard_index.ShardIndex`, persisted in the index
@@ -28,7 +30,8 @@ A JSONL row is every ``\\n``-terminated line (blank lines included) plus a final
 non-empty line; it is returned as raw ``bytes`` without the newline, decoding happens later.
 Parquet rows are returned as ``str`` (or ``bytes`` for binary columns, ``None`` for nulls).
 A row larger than the caller's ``max_document_bytes`` comes back as an :class:`Oversized`
-marker instead; for plain JSONL its bytes are not even read (the line index knows its size).
+marker instead; for plain JSONL its bytes are not even read (the line index knows its size),
+and a Parquet value is never made into a Python object (its size comes from Arrow).
 
 Everything cached is cached under the shard's *identity* (size and modification time, see
 :mod:`.identity`): a plain JSONL read calls ``fstat`` on the file it opened and compares it with
@@ -55,16 +58,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .decompression import FIX as DECOMPRESSION_FIX
 from .decompression import Frame, SinkFactory, decompress_bytes, decompress_shard, decompress_stream
 from .errors import DataError
 from .index_dir import IndexDir
 from .line_index import index_lines, line_starts
 from .open_indexes import OpenIndexes
 from .parquet_columns import check_field as _check_field
-from .parquet_columns import text_or_bytes
-from .parquet_columns import value_sizes as _value_sizes
+from .parquet_columns import column_values
 from .parquet_footers import FooterCache
+from .parquet_rows import DamagedRowGroup, Unreadable, read_column, read_footer
 from .row_runs import pread_rows
 from .shard_index import IndexEntry, ShardIndex
 from .shard_versions import changed as _changed
@@ -118,8 +120,9 @@ class Oversized:
     size: int
 
 
-#: What a read row is: JSONL bytes, a Parquet value, or the marker of a too-large row.
-Row = bytes | str | None | Oversized
+#: What a read row is: JSONL bytes, a Parquet value, or the marker of a too-large row or of
+#: a row of a damaged Parquet row group.
+Row = bytes | str | None | Oversized | Unreadable
 
 
 def infer_format(path: str) -> str | None:
@@ -307,8 +310,9 @@ class ShardCache:
 
         JSONL formats return raw line bytes and ignore ``text_field``; Parquet returns the
         values of column ``text_field``. A row longer than ``max_document_bytes`` is returned
-        as :class:`Oversized` (a plain JSONL one is never read). Raises :class:`DataError` for
-        unreadable files, a missing column or out-of-range rows, and
+        as :class:`Oversized` (a plain JSONL one is never read), a row of a Parquet row group
+        that cannot be read as :class:`~.parquet_rows.Unreadable`. Raises :class:`DataError`
+        for unreadable files, a missing column or out-of-range rows, and
         :class:`~.errors.ShardChanged` when the file is no longer the version ``shard``
         describes (its :attr:`~.datasets.ShardInfo.identity`).
         """
@@ -687,27 +691,14 @@ class ShardCache:
         kept = self._footers.get(path, identity)
         if kept is not None:
             return kept  # type: ignore[no-any-return]
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        def open_file() -> Any:
-            try:
-                return pq.ParquetFile(_parquet_source(path, identity))
-            except (OSError, pa.ArrowException) as exc:
-                raise DataError(
-                    f"cannot read Parquet shard {path}: {exc} (a damaged or cut-short file: "
-                    f"{DECOMPRESSION_FIX})"
-                ) from exc
+        def load() -> tuple[Any, np.ndarray, Any]:
+            return read_footer(_parquet_source(path, identity), path)
 
-        pf = _checked_load(path, identity, open_file)
+        meta = _checked_load(path, identity, load)
         with self._lock:
             self.footer_reads += 1
-        md = pf.metadata
-        sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-        bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=bounds[1:])
-        meta = (md, bounds, pf.schema_arrow)
-        self._footers.put(path, identity, meta, int(md.serialized_size))
+        self._footers.put(path, identity, meta, int(meta[0].serialized_size))
         return meta
 
     def _read_parquet(
@@ -720,47 +711,53 @@ class ShardCache:
         out: list[Row] = [None] * len(idx)
         idx_l = idx.tolist()
         for rg in np.unique(groups).tolist():
-            values, sizes = self._row_group(path, md, rg, text_field, identity)
+            at = np.flatnonzero(groups == rg).tolist()
+            group = self._row_group(path, (md, bounds), rg, text_field, identity, limit)
+            if isinstance(group, Unreadable):
+                for i in at:
+                    out[i] = group
+                continue
+            values, sizes = group
             base = int(bounds[rg])
-            for i in np.flatnonzero(groups == rg).tolist():
-                out[i] = values[idx_l[i] - base]
-            if limit is not None and int(sizes.max(initial=0)) > limit:
-                for i in np.flatnonzero(groups == rg).tolist():
-                    if sizes[idx_l[i] - base] > limit:
-                        out[i] = Oversized(int(sizes[idx_l[i] - base]))
+            over = limit is not None and int(sizes.max(initial=0)) > limit
+            for i in at:
+                j = idx_l[i] - base
+                out[i] = Oversized(int(sizes[j])) if over and sizes[j] > limit else values[j]
         return out
 
     def _row_group(
-        self, path: str, md: Any, rg: int, text_field: str, identity: str
-    ) -> tuple[list[Any], np.ndarray]:
-        """A row group's values of ``text_field`` and their sizes in bytes (0 for nulls)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        self,
+        path: str,
+        meta: tuple[Any, np.ndarray],
+        rg: int,
+        text_field: str,
+        identity: str,
+        limit: int | None,
+    ) -> tuple[list[Any], np.ndarray] | Unreadable:
+        """A row group's values of ``text_field`` (None for nulls and, never converted nor
+        cached, for values over ``limit``) and their sizes in bytes (0 for nulls), or the
+        marker of its rows when it is damaged (:mod:`.parquet_rows`)."""
+        md, bounds = meta
 
         def read() -> Any:
-            try:
-                pf = pq.ParquetFile(_parquet_source(path, identity), metadata=md)
-                return pf.read_row_group(rg, columns=[text_field]).column(0)
-            except (OSError, pa.ArrowException) as exc:
-                raise DataError(
-                    f"cannot read row group {rg} of Parquet shard {path}: {exc}"
-                ) from exc
+            source = _parquet_source(path, identity)
+            return read_column(source, md, rg, text_field, path, bounds)
 
         def load() -> tuple[tuple[list[Any], np.ndarray], int]:
-            column = _checked_load(path, identity, read)
-            try:
-                values = column.to_pylist()
-            except UnicodeDecodeError:  # pyarrow does not check a string column's UTF-8
-                values = text_or_bytes(column)
-            sizes = _value_sizes(column, values)
+            values, sizes, nbytes = column_values(_checked_load(path, identity, read), limit)
             with self._lock:
                 self.misses += 1
                 self.row_group_reads += 1
-            nbytes = int(column.nbytes) + _PY_OBJECT_OVERHEAD * len(values) + sizes.nbytes
-            return (values, sizes), nbytes
+            return (values, sizes), nbytes + _PY_OBJECT_OVERHEAD * len(values) + sizes.nbytes
 
-        key = (path, PARQUET, text_field, rg, identity)
-        return self._cached(key, load)  # type: ignore[no-any-return]
+        key = (path, PARQUET, text_field, rg, identity, limit)
+        try:
+            return self._cached(key, load)  # type: ignore[no-any-return]
+        except DamagedRowGroup as exc:
+            found = _identity_now(path)  # a file rewritten while read is other data
+            if found != identity:
+                raise _changed(path, identity, found) from exc
+            return exc.marker
 
 
 _default_cache: ShardCache | None = None

@@ -5,17 +5,22 @@ requested rows are read (the shard cache keeps JSONL line indexes and decompress
 JSONL rows come out as ``{"raw": bytes}``, Parquet rows as ``{"text": str | None}``;
 ``decode_text`` turns both into text. A row larger than its dataset's ``max_document_bytes``
 (a plain JSONL one is not even read) follows the dataset's ``on_error``: a :class:`DataError`
-naming the file, line, size and limit, or a tombstone with reason ``too_large``.
+naming the file, line, size and limit, or a tombstone with reason ``too_large``. A row of a
+Parquet row group that cannot be read (:mod:`..parquet_rows`) follows it too, with reason
+``read_error``: a damaged row group costs its own rows, the shard's others are served.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Hashable
 from typing import Any
 
 from ..datasets import register_storage
+from ..decompression import FIX
 from ..errors import DataError, ShardChanged
+from ..parquet_rows import Unreadable
 from ..records import SampleRecord
 from ..shards import Oversized
 from .bad_record import on_bad_record
@@ -42,7 +47,8 @@ class Fetch(Operator):
         self._datasets = ctx.datasets
         register_storage(ctx.datasets)  # object-store buckets' options, in this process too
         self._cache = ctx.shard_cache
-        self._unreadable: set[str] = set()  # shards whose skipped rows were logged
+        # Shards (and Parquet row groups) whose skipped rows were logged.
+        self._unreadable: set[Hashable] = set()
 
     def process_many(self, elems: list[Any]) -> list[Any]:
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -68,6 +74,8 @@ class Fetch(Operator):
             for i, value in zip(positions, values):
                 if type(value) is Oversized:
                     out[i] = _too_large(elems[i], info, value.size)
+                elif type(value) is Unreadable:
+                    out[i] = self._damaged(elems[i], info, value)
                 else:
                     out[i] = SampleRecord({key: value}, elems[i].meta)
         return out
@@ -75,19 +83,38 @@ class Fetch(Operator):
     def _warn_unreadable(self, path: str, rows: int, exc: DataError) -> None:
         """Log an unreadable shard's skipped rows once per shard and worker (every read of it
         fails alike: a line per read flooded the log); every row is still counted."""
-        if path in self._unreadable or len(self._unreadable) >= MAX_UNREADABLE_LOGGED:
+        if not self._first_time(path):
             return
-        self._unreadable.add(path)
         log.warning(
-            "skipping %d rows of unreadable shard (its other rows will be skipped and counted "
-            "as read_error without a line each): %s",
+            "skipping %d rows of unreadable shard (its later rows that cannot be read either are "
+            "skipped and counted as read_error without a line each): %s",
             rows,
             exc,
         )
 
+    def _damaged(self, rec: SampleRecord, info: Any, marker: Unreadable) -> SampleRecord:
+        """The tombstone of a row of a damaged Parquet row group (logged once per row group
+        and worker); raises naming the file, row, row group and fix under ``fail``."""
+        if info.spec.on_error == "skip" and self._first_time((marker.path, marker.row_group)):
+            log.warning(
+                "skipping the rows of a damaged Parquet row group (the shard's other row "
+                "groups are served; this one's rows are counted as read_error without a line "
+                "each): %s",
+                marker.message(),
+            )
+        return on_bad_record(rec, info, "read_error", marker.describe(), fix=FIX)
 
-#: Unreadable shards logged per worker (a bound on the set of those logged; past it, their
-#: rows are only counted).
+    def _first_time(self, key: Hashable) -> bool:
+        """Whether ``key`` (a shard, a row group) is to be logged now: not yet, and fewer than
+        :data:`MAX_UNREADABLE_LOGGED` logged."""
+        if key in self._unreadable or len(self._unreadable) >= MAX_UNREADABLE_LOGGED:
+            return False
+        self._unreadable.add(key)
+        return True
+
+
+#: Unreadable shards and row groups logged per worker (a bound on the set of those logged;
+#: past it, their rows are only counted).
 MAX_UNREADABLE_LOGGED = 1024
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ConfigError
+from ..ignored_files import report_ignored
 from .location import ObjectUrl, glob_base, glob_regex, has_glob, hidden
 from .options import StorageOptions
 from .remote import ArrowStore
@@ -50,6 +51,12 @@ def list_object_shards(
         return _list(who, parsed, store, forced_format, infer_format, supported)
     except StorageRequestError as exc:
         raise _startup_error(who, url, store, exc) from None
+    except _ListedObjectGone as gone:
+        raise ConfigError(
+            f"{who}: object {gone.url} was listed, then was gone when its ETag was read: the "
+            f"objects under {url} changed while the server listed them (a corpus being "
+            "written, rewritten or removed); start again once the corpus is complete"
+        ) from None
 
 
 def _list(
@@ -66,7 +73,9 @@ def _list(
         listed = [i for i in store.list(glob_base(key)) if regex.match(i.key)]
         if not listed:
             _nothing(who, parsed, store, f"pattern {str(parsed)!r} matches no objects")
-        return _with_identities(store, _formats(listed, forced_format, infer_format, True))
+        shards = _formats(listed, forced_format, infer_format, True)
+        _report(who, f"pattern {str(parsed)!r}", listed, shards, supported, glob_base(key))
+        return _with_identities(store, shards)
     if key and not key.endswith("/"):
         try:
             single = store.stat(key)
@@ -91,6 +100,8 @@ def _list(
             f"{str(parsed)!r} matches no object (none has that key or is below it as a prefix)",
         )
     shards = _formats(listed, forced_format, infer_format, False)
+    where = f"prefix {parsed.with_key(prefix)!r}"
+    _report(who, where, listed, shards, supported, prefix)
     if not shards:
         raise ConfigError(
             f"{who}: prefix {parsed.with_key(prefix)!r} holds no objects with a supported "
@@ -115,14 +126,46 @@ def _formats(
     return out
 
 
+def _report(
+    who: str,
+    where: str,
+    listed: list[ObjectInfo],
+    shards: list[tuple[ObjectInfo, str]],
+    supported: str,
+    prefix: str,
+) -> None:
+    """Say which listed objects are not shards (:mod:`..ignored_files`)."""
+    if len(shards) < len(listed):
+        taken = {info.key for info, _ in shards}
+        left = [i.key for i in listed if i.key not in taken]
+        report_ignored(who, where, left, supported, prefix)
+
+
 def _with_identities(
     store: ArrowStore, shards: list[tuple[ObjectInfo, str]]
 ) -> list[tuple[str, str, ObjectInfo]]:
     """HEAD every listed object for its ETag and version (concurrently)."""
     workers = max(1, min(store.options.max_concurrency, len(shards)))
     with ThreadPoolExecutor(workers, thread_name_prefix="zephon-head") as pool:
-        infos = list(pool.map(lambda item: store.stat(item[0].key), shards))
+        infos = list(pool.map(lambda item: _stat_listed(store, item[0].key), shards))
     return [(store.url(info.key), fmt, info) for info, (_, fmt) in zip(infos, shards)]
+
+
+class _ListedObjectGone(Exception):
+    """An object listed a moment ago answers its HEAD with "not found"."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.url = url
+
+
+def _stat_listed(store: ArrowStore, key: str) -> ObjectInfo:
+    try:
+        return store.stat(key)
+    except StorageRequestError as exc:
+        if exc.outcome == "not_found":  # not a missing bucket: the listing just saw it
+            raise _ListedObjectGone(store.url(key)) from None
+        raise
 
 
 def _nothing(who: str, parsed: ObjectUrl, store: ArrowStore, what: str) -> None:

@@ -99,7 +99,8 @@ def _fix(outcome: str, url: str = "") -> str:
     if outcome in RETRYABLE:
         return (
             " (the store is throttling or failing: lower storage_options.max_concurrency, raise "
-            "retry_attempts / retry_cap_s, or use on_error: skip to skip and count its rows)"
+            "retry_attempts (the default 6 backs off 3.1 s at most in all), or use on_error: "
+            "skip to skip and count its rows)"
         )
     if outcome == "denied":
         return (
