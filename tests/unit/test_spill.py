@@ -238,7 +238,7 @@ def test_building_the_index_ahead_of_time_writes_no_spill_file(tmp_path: Path) -
 
     cache = cache_on(tmp_path / "index", spill_threshold=1024)
     identity = local_identity(st.st_size, st.st_mtime_ns)
-    assert cache.ensure_entry(str(path), "jsonl.gz", identity) == (len(lines), True)
+    assert cache.ensure_entry(str(path), "jsonl.gz", identity) == (len(lines), None, True)
     assert not list((tmp_path / "index").glob("spill/*.spill"))  # counting only
     reader = cache_on(tmp_path / "index", spill_threshold=1024)  # a server afterwards
     assert reader.read_rows(info(path, "jsonl.gz", len(lines)), [2999], "t") == [lines[2999]]

@@ -9,6 +9,7 @@ counting goes through the :class:`~zephon_server.engine.shards.ShardCache`, so t
 index built for counting is the one reading uses later (for the same file identity). With a
 persisted shard index, a dataset whose listing (every shard's path, identity and format) is
 unchanged is counted from one catalog file, reading no shard at all (:mod:`.index_catalog`).
+Every Parquet shard's text column is checked right after counting (:mod:`.text_columns`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from typing import TYPE_CHECKING
 from .errors import ConfigError, DataError
 from .identity import local_identity, object_identity
 from .ignored_files import report_ignored
-from .index_catalog import count_shards
+from .index_catalog import Counts, count_shards
 from .local_listing import glob_files, unique_files, walk_files
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 from .storage import StorageOptions, configure_bucket, is_url, unsupported_scheme
 from .storage.location import glob_base
 from .storage.shard_io import identity_of
+from .text_columns import check_text_columns
 
 if TYPE_CHECKING:
     from .storage.store import ObjectInfo
@@ -192,7 +194,8 @@ def resolve_datasets(
     """List and count the shards of every dataset, in order.
 
     Raises :class:`ConfigError` for an empty list, duplicate names, a missing path, a path with
-    no supported files, or a dataset with zero rows in total. Unreadable shards raise
+    no supported files, or a dataset with zero rows in total. Unreadable shards, and under
+    ``on_error: fail`` Parquet shards without the text column (:mod:`.text_columns`), raise
     :class:`~zephon_server.engine.errors.DataError`.
     """
     if not specs:
@@ -214,15 +217,16 @@ def resolve_datasets(
         seen.add(spec.name)
         writes = cache.index.writes
         if is_url(spec.path):
-            shards, from_catalog = _object_shards(spec, cache)
+            shards, counts = _object_shards(spec, cache)
         else:
-            shards, from_catalog = _counted_shards(_list_shards(spec, base), cache)
+            shards, counts = _counted_shards(_list_shards(spec, base), cache)
         info = DatasetInfo(spec=spec, index=index, shards=shards)
         if info.num_rows == 0:
             raise ConfigError(
                 f"dataset {spec.name!r}: its {len(shards)} shard file(s) under {spec.path!r} "
                 "hold no rows (add data or remove the dataset)"
             )
+        check_text_columns(spec, shards, counts.columns)
         logger.info(
             "dataset %r: %d shards, %d rows, %d bytes (%s)",
             spec.name,
@@ -230,7 +234,7 @@ def resolve_datasets(
             info.num_rows,
             info.size_bytes,
             "row counts from the index catalog"
-            if from_catalog
+            if counts.from_catalog
             else _indexed_now(cache.index.writes - writes),
         )
         infos.append(info)
@@ -260,19 +264,19 @@ def shard_keys(
 
 def _counted_shards(
     listing: list[tuple[str, str]], cache: ShardCache
-) -> tuple[tuple[ShardInfo, ...], bool]:
+) -> tuple[tuple[ShardInfo, ...], Counts]:
     """The shards with their identities now and the row counts of exactly those file
-    versions, and whether the counts came from the index catalog.
+    versions, and the counts (rows, columns, whether from the index catalog).
 
     The cache counts under the identity (a changed file is counted again, a file changing
     while it is counted raises :class:`~.errors.ShardChanged`)."""
     stats, keys = shard_keys(listing)
-    rows, from_catalog = count_shards(cache, keys)
+    counts = count_shards(cache, keys)
     shards = tuple(
         ShardInfo(path, fmt, st.st_size, n, st.st_mtime_ns)
-        for (path, fmt), st, n in zip(listing, stats, rows)
+        for (path, fmt), st, n in zip(listing, stats, counts.rows)
     )
-    return shards, from_catalog
+    return shards, counts
 
 
 def _indexed_now(n: int) -> str:
@@ -304,17 +308,16 @@ def object_keys(listed: list[tuple[str, str, ObjectInfo]]) -> list[tuple[str, st
     return [(url, identity_of(info), fmt) for url, fmt, info in listed]
 
 
-def _object_shards(spec: DatasetSpec, cache: ShardCache) -> tuple[tuple[ShardInfo, ...], bool]:
+def _object_shards(spec: DatasetSpec, cache: ShardCache) -> tuple[tuple[ShardInfo, ...], Counts]:
     """The shards of an object-store dataset, each counted as the version just listed
-    (through the index catalog and entries, like local shards), and whether the counts came
-    from the catalog."""
+    (through the index catalog and entries, like local shards), and the counts."""
     listed = list_objects(spec)
-    rows, from_catalog = count_shards(cache, object_keys(listed))
+    counts = count_shards(cache, object_keys(listed))
     shards = tuple(
         ShardInfo(url, fmt, info.size, n, info.mtime_ns, info.etag, info.version)
-        for (url, fmt, info), n in zip(listed, rows)
+        for (url, fmt, info), n in zip(listed, counts.rows)
     )
-    return shards, from_catalog
+    return shards, counts
 
 
 def register_storage(datasets: Sequence[DatasetInfo]) -> None:

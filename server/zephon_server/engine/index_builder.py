@@ -5,7 +5,8 @@ and stats every dataset's shards exactly as start-up does (:func:`.datasets.list
 then, on a pool of threads, makes sure each shard version has a valid index entry: an entry
 that is already there and passes its checks is kept, anything else is built through the same
 :meth:`.shards.ShardCache.ensure_entry` a server uses, so the files are identical whoever
-wrote them. Last, each dataset's catalog is written (:mod:`.index_catalog`).
+wrote them. Last, each dataset's catalog is written (:mod:`.index_catalog`), with the
+Parquet shards' columns the servers check the text column with, as a server writes it.
 
 Threads, not processes: the work is reading files and numpy scans and decompressors that
 release the GIL, and threads start at once (docs/decisions.md has the measurement). Every
@@ -24,11 +25,15 @@ from dataclasses import dataclass
 
 from .datasets import DatasetSpec, list_objects, list_shards, object_keys, shard_keys
 from .errors import ConfigError
-from .index_catalog import save_catalog
+from .index_catalog import save_catalog, shared_columns
+from .parquet_columns import Columns
 from .shards import ShardCache
 from .storage import is_url
 
 logger = logging.getLogger(__name__)
+
+#: What indexing one shard gives: its rows, its columns (Parquet) and whether it was built now.
+Counted = tuple[int, Columns | None, bool]
 
 
 @dataclass(frozen=True)
@@ -96,16 +101,17 @@ def build_index(
         raise ConfigError(f"--workers must be an integer >= 1, got {workers!r}")
     start = time.monotonic()
     jobs = [job for listing in datasets for job in listing]
+    seen: dict[Columns, Columns] = {}  # one copy of each schema, however many shards
 
-    def one(job: ShardJob) -> tuple[int, bool]:
-        rows, built = cache.ensure_entry(job.path, job.format, job.identity)
+    def one(job: ShardJob) -> Counted:
+        rows, columns, built = cache.ensure_entry(job.path, job.format, job.identity)
         if on_shard is not None:
             on_shard(job, built)
-        return rows, built
+        return rows, shared_columns(seen, columns), built
 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-index")
     try:
-        futures: list[Future[tuple[int, bool]]] = [pool.submit(one, job) for job in jobs]
+        futures: list[Future[Counted]] = [pool.submit(one, job) for job in jobs]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in futures:
             if f in done and f.exception() is not None:
@@ -115,16 +121,17 @@ def build_index(
         pool.shutdown(wait=True, cancel_futures=True)
     pos = 0
     for listing in datasets:
-        rows = [r for r, _ in results[pos : pos + len(listing)]]
-        save_catalog(cache.index, [(j.path, j.identity, j.format) for j in listing], rows)
+        done_now = results[pos : pos + len(listing)]
+        keys = [(j.path, j.identity, j.format) for j in listing]
+        save_catalog(cache.index, keys, [r for r, _, _ in done_now], [c for _, c, _ in done_now])
         pos += len(listing)
-    built = [job for job, (_, b) in zip(jobs, results) if b]
+    built = [job for job, (_, _, b) in zip(jobs, results) if b]
     return BuildReport(
         datasets=len(datasets),
         shards=len(jobs),
         built=len(built),
         reused=len(jobs) - len(built),
-        rows=sum(r for r, _ in results),
+        rows=sum(r for r, _, _ in results),
         bytes_total=sum(j.size for j in jobs),
         bytes_built=sum(j.size for j in built),
         seconds=time.monotonic() - start,

@@ -4,15 +4,26 @@ the byte size of each value, and its values as Python objects.
 A value's size is taken from the Arrow buffers before anything is converted, so a value over
 the dataset's ``max_document_bytes`` is never made into a Python object (it would cost its
 size again, plus the cache's copy): it is reported as oversized from its size alone.
+
+Whether a column is text is decided on its Arrow type *as a string* (:func:`text_type`), the
+form the shard index keeps (:data:`Columns`): the check at start-up from a catalog
+(:mod:`.text_columns`) and the one of every read (:func:`check_field`) are one rule.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
 from .errors import DataError
+
+#: A Parquet file's top-level columns: (name, Arrow type as ``str(field.type)``), in order.
+Columns = tuple[tuple[str, str], ...]
+
+_TEXT_TYPES = frozenset(("string", "large_string", "string_view", "binary", "large_binary"))
+_DICTIONARY = re.compile(r"dictionary<values=(.*), indices=\w+, ordered=[01]>")
 
 
 def plain(column: Any) -> Any:
@@ -88,33 +99,41 @@ def text_or_bytes(column: Any) -> list[Any]:
     return out
 
 
-def check_field(path: str, schema: Any, text_field: str) -> None:
-    """:class:`DataError` unless ``text_field`` is a column of text: string or binary (large
-    and view variants too), or a dictionary of such values."""
-    import pyarrow as pa
+def schema_columns(schema: Any) -> Columns:
+    """The top-level columns of an Arrow schema: (name, type string) of each field."""
+    return tuple((str(field.name), str(field.type)) for field in schema)
 
+
+def text_type(type_name: str) -> bool:
+    """Whether an Arrow type (its string) is text: string (large and view variants too) or
+    binary (large too), or a dictionary of such values."""
+    found = _DICTIONARY.fullmatch(type_name)
+    return (found.group(1) if found else type_name) in _TEXT_TYPES
+
+
+def column_type(columns: Columns, name: str) -> str | None:
+    """The type (string) of column ``name`` of ``columns``, or None when there is none."""
+    return next((typ for column, typ in columns if column == name), None)
+
+
+def is_text_column(columns: Columns, text_field: str) -> bool:
+    """Whether a file with ``columns`` has ``text_field`` as a column of text: what
+    :func:`check_field` accepts."""
+    typ = column_type(columns, text_field)
+    return typ is not None and text_type(typ)
+
+
+def check_field(path: str, schema: Any, text_field: str) -> None:
+    """:class:`DataError` unless ``text_field`` is a column of text (:func:`text_type`)."""
     names = list(schema.names)
     if text_field not in names:
         raise DataError(
             f"Parquet shard {path} has no column {text_field!r}; columns are {names} "
             "(set the dataset's text_field to one of them)"
         )
-    typ = schema.field(text_field).type
-    if not (_is_text(typ) or (pa.types.is_dictionary(typ) and _is_text(typ.value_type))):
+    typ = str(schema.field(names.index(text_field)).type)
+    if not text_type(typ):
         raise DataError(
             f"Parquet shard {path}: column {text_field!r} has type {typ}, expected a string "
             "or binary column (set text_field to a text column)"
         )
-
-
-def _is_text(typ: Any) -> bool:
-    import pyarrow as pa
-
-    is_view = getattr(pa.types, "is_string_view", None)
-    return bool(
-        pa.types.is_string(typ)
-        or pa.types.is_large_string(typ)
-        or pa.types.is_binary(typ)
-        or pa.types.is_large_binary(typ)
-        or (is_view is not None and is_view(typ))
-    )

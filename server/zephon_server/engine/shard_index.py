@@ -10,19 +10,22 @@ rows cheap to find:
   decompressed length)`` per frame, so a read can decompress only the frames holding its rows.
   An entry is written only after a decompression that was verified complete
   (:mod:`.decompression`);
-* Parquet: ``row_groups``, the cumulative row-group bounds (a warm start reads no footer).
+* Parquet: ``row_groups``, the cumulative row-group bounds, and in the header ``columns``,
+  the file's top-level columns (name and Arrow type as a string), so a start checks each
+  shard's text column without reading its footer (:mod:`.text_columns`).
 
 **Keys.** An entry is keyed by the shard's location, its identity (:mod:`.identity`: size and
-modification time), its format and :data:`INDEX_VERSION`. The file name is a hash of that key;
-the full key is also stored inside and compared on every read, so a changed shard (a new
-identity) gets a new entry and is never read through the old one.
+modification time), its format and its format's version (:func:`entry_version`). The file name
+is a hash of that key; the full key is also stored inside and compared on every read, so a
+changed shard (a new identity) gets a new entry and is never read through the old one.
 
 **File format** (little-endian): ``MAGIC`` (8 bytes), the header length (u32), a JSON header
-(key, rows, and each array's name, dtype, shape and offset), zero padding to 8 bytes, the
-arrays (8-byte aligned, so they are used in place from a memory map), then a trailer: the
-CRC-32 of everything before it (u32) and ``END``. A truncated file, a flipped byte, another
-key or another version is a :class:`CorruptIndexEntry`; :class:`ShardIndex` logs it as a
-warning naming the file and the caller rebuilds the entry.
+(key, rows, Parquet's columns, and each array's name, dtype, shape and offset), zero padding
+to 8 bytes, the arrays (8-byte aligned, so they are used in place from a memory map), then a
+trailer: the CRC-32 of everything before it (u32) and ``END``. A truncated file, a flipped
+byte, another key or another version (or a Parquet entry without columns) is a
+:class:`CorruptIndexEntry`; :class:`ShardIndex` logs it as a warning naming the file and the
+caller rebuilds the entry.
 """
 
 from __future__ import annotations
@@ -41,12 +44,18 @@ import numpy as np
 
 from .errors import ZephonError
 from .index_dir import Buffer, IndexDir
+from .parquet_columns import Columns
 
 logger = logging.getLogger(__name__)
 
 #: Bumped whenever what an entry holds or how it is computed changes: old entries are then
-#: simply not found (another key), never misread.
+#: simply not found (another key), never misread. Per format (:data:`FORMAT_VERSIONS`), so
+#: that a change to one format's entries does not index every other shard again.
 INDEX_VERSION = 1
+#: The formats whose entries changed since: Parquet entries hold the file's columns from 2 on.
+FORMAT_VERSIONS: dict[str, int] = {"parquet": 2}
+#: The formats whose entries must hold ``columns`` (an entry without them is corrupt).
+COLUMN_FORMATS = frozenset({"parquet"})
 MAGIC = b"ZPHSIDX\x01"
 END = b"END\x00"
 _LEN = struct.Struct("<I")
@@ -59,6 +68,11 @@ class CorruptIndexEntry(ZephonError):
     """An index file that is truncated, damaged, of another version or for another key."""
 
 
+def entry_version(fmt: str) -> int:
+    """The version of the entries of shards of format ``fmt``."""
+    return FORMAT_VERSIONS.get(fmt, INDEX_VERSION)
+
+
 @dataclass(frozen=True)
 class EntryKey:
     """What an entry is the index of: one version of one shard, in one index format."""
@@ -66,7 +80,11 @@ class EntryKey:
     location: str
     identity: str
     format: str
-    version: int = INDEX_VERSION
+
+    @property
+    def version(self) -> int:
+        """The entry format's version (:func:`entry_version`)."""
+        return entry_version(self.format)
 
     def document(self) -> dict[str, Any]:
         """The key as plain data (stored inside the entry and hashed into its name)."""
@@ -87,11 +105,13 @@ class EntryKey:
 
 @dataclass(frozen=True, eq=False)
 class IndexEntry:
-    """A decoded entry: its key, row count and arrays (views on the file's mapping)."""
+    """A decoded entry: its key, row count and arrays (views on the file's mapping), and for
+    Parquet the file's top-level columns."""
 
     key: EntryKey
     rows: int
     arrays: Mapping[str, np.ndarray]
+    columns: Columns | None = None
 
 
 def seal(*parts: bytes) -> bytes:
@@ -119,7 +139,9 @@ def unseal(buf: Buffer, magic: bytes, what: str) -> memoryview:
     return body
 
 
-def encode_entry(key: EntryKey, rows: int, arrays: Mapping[str, np.ndarray]) -> bytes:
+def encode_entry(
+    key: EntryKey, rows: int, arrays: Mapping[str, np.ndarray], columns: Columns | None = None
+) -> bytes:
     """The bytes of an entry (see the module docstring)."""
     layout: list[list[Any]] = []
     parts: list[bytes] = []
@@ -129,9 +151,10 @@ def encode_entry(key: EntryKey, rows: int, arrays: Mapping[str, np.ndarray]) -> 
         layout.append([name, "<i8", list(data.shape), offset])
         parts.append(data.tobytes())
         offset += data.nbytes
-    header = json.dumps(
-        {"key": key.document(), "rows": int(rows), "arrays": layout}, sort_keys=True
-    ).encode()
+    doc: dict[str, Any] = {"key": key.document(), "rows": int(rows), "arrays": layout}
+    if columns is not None:
+        doc["columns"] = [list(column) for column in columns]
+    header = json.dumps(doc, sort_keys=True).encode()
     start = len(MAGIC) + _LEN.size + len(header)
     return seal(MAGIC, _LEN.pack(len(header)), header, b"\x00" * (-start % 8), *parts)
 
@@ -153,6 +176,9 @@ def decode_entry(buf: Buffer, key: EntryKey) -> IndexEntry:
         raise CorruptIndexEntry(f"unreadable index entry header: {exc}") from exc
     if stored != key.document():
         raise CorruptIndexEntry(f"index entry of another shard version or format: {stored}")
+    columns = decode_columns(header.get("columns"), "index entry")
+    if columns is None and key.format in COLUMN_FORMATS:
+        raise CorruptIndexEntry("index entry without the file's columns")
     base = start + size + (-(start + size) % 8)
     arrays: dict[str, np.ndarray] = {}
     for name, dtype, shape, rel in layout:
@@ -164,7 +190,19 @@ def decode_entry(buf: Buffer, key: EntryKey) -> IndexEntry:
             arrays[name] = np.zeros(shape, dtype=dt)
             continue
         arrays[name] = np.frombuffer(body, dtype=dt, count=count, offset=base + rel).reshape(shape)
-    return IndexEntry(key, rows, arrays)
+    return IndexEntry(key, rows, arrays, columns)
+
+
+def decode_columns(doc: Any, what: str) -> Columns | None:
+    """Columns stored as JSON (a list of [name, type] pairs; None: none stored); raises
+    :class:`CorruptIndexEntry` for anything else."""
+    if doc is None:
+        return None
+    if isinstance(doc, list) and all(
+        isinstance(c, list) and len(c) == 2 and all(isinstance(v, str) for v in c) for c in doc
+    ):
+        return tuple((name, typ) for name, typ in doc)
+    raise CorruptIndexEntry(f"{what} with invalid columns")
 
 
 #: Damaged blobs remembered so that each is logged once per process (then every one is).
@@ -210,12 +248,19 @@ class ShardIndex:
         return entry
 
     def save(
-        self, location: str, fmt: str, identity: str, rows: int, arrays: Mapping[str, np.ndarray]
+        self,
+        location: str,
+        fmt: str,
+        identity: str,
+        rows: int,
+        arrays: Mapping[str, np.ndarray],
+        columns: Columns | None = None,
     ) -> IndexEntry:
-        """Write the entry of this shard version; returns it decoded from what was written
-        (a memory map of the file when the directory is writable)."""
+        """Write the entry of this shard version (``columns``: a Parquet file's); returns it
+        decoded from what was written (a memory map of the file when the directory is
+        writable)."""
         key = EntryKey(location, identity, fmt)
-        data = encode_entry(key, rows, arrays)
+        data = encode_entry(key, rows, arrays, columns)
         self.store.put_atomic(key.name, data)
         with self._lock:
             self.writes += 1

@@ -1,5 +1,5 @@
 """Checks that a shard is the version it is read as: identities now, and loads bracketed by
-two of them.
+two of them; and what such a load opens, a local file or an object.
 
 Everything the shard cache keeps is kept under a shard's identity (:mod:`.identity`); a load
 (a decompression, a footer, a row group, a spill file reused) happens only between two
@@ -13,8 +13,9 @@ import errno
 import os
 import stat as stat_module
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from .decompression import Frame, SinkFactory, decompress_bytes, decompress_shard, decompress_stream
 from .errors import DataError, ShardChanged
 from .identity import describe_change, stat_identity
 from .storage import is_url, shard_io
@@ -79,3 +80,28 @@ def changed(path: str, expected: str, found: str) -> ShardChanged:
         "change while a server uses them: restore the original file, or restart the server to "
         "use the new content (a resume onto the changed data is refused: start a new run)"
     )
+
+
+def decompress_version(
+    path: str,
+    fmt: str,
+    identity: str,
+    frames: list[Frame] | None = None,
+    sink: SinkFactory | None = None,
+    stream_over: int | None = None,
+) -> Any:
+    """The content of a local compressed shard, or of an object: downloaded whole when it is
+    at most ``stream_over`` bytes, else decoded as its ranged GETs arrive (never held
+    whole). ``sink`` as :func:`~.decompression.decompress_shard`'s."""
+    if not is_url(path):
+        return decompress_shard(path, fmt, frames, sink)
+    size = shard_io.size_of(identity)
+    if stream_over is not None and size > stream_over:
+        source = shard_io.stream(path, identity)
+        return decompress_stream(source, path, fmt, size, frames, sink)
+    return decompress_bytes(shard_io.read_all(path, identity), path, fmt, frames, sink)
+
+
+def parquet_source(path: str, identity: str) -> Any:
+    """What ``pq.ParquetFile`` opens: the path, or a file object over the object."""
+    return shard_io.parquet_file(path, identity) if is_url(path) else path

@@ -19,12 +19,12 @@ One :class:`ShardCache` per process serves every read. It keeps what makes rando
   verified, and a row group that cannot be read costs only its own rows (an
   :class:`~.parquet_rows.Unreadable` marker each; :mod:`.parquet_rows`).
 
-What counting builds (row counts, line starts, zstd frame tables, Parquet row-group bounds) is
-an *index entry* of the cache's :class:`~.shard_index.ShardIndex`, persisted in the index
-directory when there is one: a later start, or another process, counts the shard from its
-entry without reading the shard. Line indexes are opened (memory-mapped) when a shard is
-read and kept in an LRU of ``max_open_indexes`` shards, so memory does not grow with the
-number of rows of the corpus.
+What counting builds (row counts, line starts, zstd frame tables, Parquet row-group bounds and
+columns) is an *index entry* of the cache's :class:`~.shard_index.ShardIndex`, persisted in
+the index directory when there is one: a later start, or another process, counts the shard
+from its entry without reading the shard. Line indexes are opened (memory-mapped) when a
+shard is read and kept in an LRU of ``max_open_indexes`` shards, so memory does not grow with
+the number of rows of the corpus.
 
 A JSONL row is every ``\\n``-terminated line (blank lines included) plus a final unterminated
 non-empty line; it is returned as raw ``bytes`` without the newline, decoding happens later.
@@ -58,20 +58,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .decompression import Frame, SinkFactory, decompress_bytes, decompress_shard, decompress_stream
+from .decompression import Frame, decompress_shard
 from .errors import DataError
 from .index_dir import IndexDir
 from .line_index import index_lines, line_starts
 from .open_indexes import OpenIndexes
+from .parquet_columns import Columns, column_values, schema_columns
 from .parquet_columns import check_field as _check_field
-from .parquet_columns import column_values
 from .parquet_footers import FooterCache
 from .parquet_rows import DamagedRowGroup, Unreadable, read_column, read_footer
 from .row_runs import pread_rows
 from .shard_index import IndexEntry, ShardIndex
 from .shard_versions import changed as _changed
 from .shard_versions import checked_load as _checked_load
+from .shard_versions import decompress_version as _decompress_version
 from .shard_versions import identity_now as _identity_now
+from .shard_versions import parquet_source as _parquet_source
 from .shard_versions import regular_identity as _regular_identity
 from .spill import (
     DEFAULT_THRESHOLD,
@@ -139,34 +141,9 @@ def _decompress(path: str, fmt: str, frames: list[Frame] | None = None) -> bytes
     return decompress_shard(path, fmt, frames)
 
 
-def _decompress_version(
-    path: str,
-    fmt: str,
-    identity: str,
-    frames: list[Frame] | None = None,
-    sink: SinkFactory | None = None,
-    stream_over: int | None = None,
-) -> Any:
-    """The content of a local compressed shard, or of an object: downloaded whole when it is
-    at most ``stream_over`` bytes, else decoded as its ranged GETs arrive (never held
-    whole). ``sink`` as :func:`~.decompression.decompress_shard`'s."""
-    if not is_url(path):
-        return decompress_shard(path, fmt, frames, sink)
-    size = shard_io.size_of(identity)
-    if stream_over is not None and size > stream_over:
-        source = shard_io.stream(path, identity)
-        return decompress_stream(source, path, fmt, size, frames, sink)
-    return decompress_bytes(shard_io.read_all(path, identity), path, fmt, frames, sink)
-
-
 def _index_version(path: str, identity: str) -> np.ndarray:
     """:func:`index_lines` of a local file or of an object (streamed in ranged GETs)."""
     return shard_io.index_lines(path, identity) if is_url(path) else index_lines(path)
-
-
-def _parquet_source(path: str, identity: str) -> Any:
-    """What ``pq.ParquetFile`` opens: the path, or a file object over the object."""
-    return shard_io.parquet_file(path, identity) if is_url(path) else path
 
 
 def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
@@ -276,22 +253,29 @@ class ShardCache:
         self.remember_rows(shard_path, fmt, identity, count)
         return count
 
-    def ensure_entry(self, shard_path: str, fmt: str, identity: str) -> tuple[int, bool]:
-        """The row count of a shard version from its index entry, and whether the entry had
-        to be built (and saved) now. Keeps nothing of the shard: for building the index
-        ahead of time (``zephon index``)."""
+    def columns(self, shard_path: str, fmt: str, identity: str) -> Columns | None:
+        """A Parquet shard version's top-level columns, from its index entry (built when
+        missing); None for other formats."""
+        return self._entries.get((shard_path, fmt, identity)).columns if fmt == PARQUET else None
+
+    def ensure_entry(
+        self, shard_path: str, fmt: str, identity: str
+    ) -> tuple[int, Columns | None, bool]:
+        """The row count and columns of a shard version from its index entry, and whether
+        the entry had to be built (and saved) now. Keeps nothing of the shard: for building
+        the index ahead of time (``zephon index``)."""
         entry = self.index.load(shard_path, fmt, identity)
         if entry is not None:
-            return entry.rows, False
+            return entry.rows, entry.columns, False
         if fmt in (JSONL_GZ, JSONL_ZST):
             saved: list[IndexEntry] = []
             self._decompress_and_index((shard_path, fmt, identity), saved, keep=False)
-            return saved[0].rows, True
+            return saved[0].rows, None, True
         if fmt not in FORMATS:
             raise DataError(f"shard {shard_path}: unknown format {fmt!r}; supported: {FORMATS}")
-        rows = self._build_entry(shard_path, fmt, identity).rows
+        entry = self._build_entry(shard_path, fmt, identity)
         self._footers.forget(shard_path)
-        return rows, True
+        return entry.rows, entry.columns, True
 
     def remember_rows(self, shard_path: str, fmt: str, identity: str, rows: int) -> None:
         """Record the row count of version ``identity`` of a shard, known from the index
@@ -435,8 +419,9 @@ class ShardCache:
             logger.debug("indexed %s: %d rows", path, len(starts) - 1)
             return self.index.save(path, fmt, identity, len(starts) - 1, {"starts": starts})
         if fmt == PARQUET:
-            bounds = self._parquet_meta(path, identity)[1]
-            return self.index.save(path, fmt, identity, int(bounds[-1]), {"row_groups": bounds})
+            _, bounds, schema = self._parquet_meta(path, identity)
+            arrays, columns = {"row_groups": bounds}, schema_columns(schema)
+            return self.index.save(path, fmt, identity, int(bounds[-1]), arrays, columns)
         return self._compressed_entry(path, fmt, identity)
 
     # ------------------------------------------------------------------ JSONL

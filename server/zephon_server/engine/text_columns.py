@@ -1,0 +1,80 @@
+"""The text column of every Parquet shard, checked at start-up before the first batch.
+
+A Parquet dataset reads its ``text_field`` column from every shard. A shard without it (the
+column named otherwise, or not text) used to be found only when one of its rows was read:
+under ``on_error: fail`` possibly hours into a run, under ``skip`` as a third of the data
+dropped with one warning mid-run. Each shard's top-level columns are in its index entry and
+in its dataset's catalog (:mod:`.index_catalog`), so start-up checks every shard, cold or
+warm, local or on object storage, without reading a footer more than counting does.
+
+The rule is the read path's (:func:`.parquet_columns.is_text_column`), so the check says
+exactly which shards the reads would refuse:
+
+* ``on_error: fail``: a :class:`~.errors.DataError` naming the dataset, the first shard
+  without the column, how many there are, that shard's columns and the fix; start-up stops
+  (``zephon explain``, ``dump`` and ``serve`` exit with status 2).
+* ``on_error: skip``: one warning saying the same and that their rows will be skipped and
+  counted as ``read_error``; the run is what it was without the check (the reads tombstone
+  those rows as before), so what is served does not change.
+
+A shard with no rows is never read, so it is not checked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .errors import DataError
+from .parquet_columns import Columns, is_text_column
+
+if TYPE_CHECKING:
+    from .datasets import DatasetSpec, ShardInfo
+
+logger = logging.getLogger(__name__)
+
+#: Columns named in a message at most (a wide table has thousands).
+MAX_NAMED_COLUMNS = 20
+FIX = "set the dataset's text_field to the column holding the text, or fix or remove those shards"
+
+
+def check_text_columns(
+    spec: DatasetSpec, shards: Sequence[ShardInfo], columns: Sequence[Columns | None]
+) -> None:
+    """Check that every Parquet shard (``columns`` not None) with rows has ``spec``'s
+    ``text_field`` as a column of text; see the module docstring for what happens when not."""
+    lacking = [
+        (shard, cols)
+        for shard, cols in zip(shards, columns)
+        if cols is not None and shard.num_rows and not is_text_column(cols, spec.text_field)
+    ]
+    if not lacking:
+        return
+    problem = _describe(spec, lacking, sum(c is not None for c in columns))
+    if spec.on_error == "fail":
+        raise DataError(f"{problem}; {FIX}")
+    logger.warning(
+        "%s; with on_error: skip their rows will be skipped and counted as read_error (%s)",
+        problem,
+        FIX,
+    )
+
+
+def _describe(spec: DatasetSpec, lacking: list[tuple[ShardInfo, Columns]], parquet: int) -> str:
+    """Which shards lack the column and what the first one has."""
+    first, cols = lacking[0]
+    rows = sum(shard.num_rows for shard, _ in lacking)
+    return (
+        f"dataset {spec.name!r}: {len(lacking)} of its {parquet} Parquet shards ({rows} rows) "
+        f"{'has' if len(lacking) == 1 else 'have'} no text column {spec.text_field!r} (a "
+        f"string or binary column); the first is {first.path}, whose columns are "
+        f"{_named(cols)}"
+    )
+
+
+def _named(columns: Columns) -> str:
+    """``[name: type, ...]``, the first :data:`MAX_NAMED_COLUMNS` of them."""
+    named = ", ".join(f"{name}: {typ}" for name, typ in columns[:MAX_NAMED_COLUMNS])
+    more = len(columns) - MAX_NAMED_COLUMNS
+    return f"[{named}{f', ... ({more} more)' if more > 0 else ''}]"
