@@ -450,9 +450,6 @@ def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 CLI_HELP = {
     "--format": "`text`: one line per batch; `json`: tensors and row sources; `digest`: "
     "`<lane> <seq> <chain digest>`",
-    "--lane": "the lane to print",
-    "--count": "batches to print",
-    "--start-seq": "first seq to print",
 }
 
 
@@ -480,7 +477,10 @@ def cli_section() -> list[str]:
                 default = ""
             else:
                 default = f"`{action.default}`"
-            meaning = action.help or _need(CLI_HELP, action.option_strings[0], "flag")
+            if action.help:  # formatted as --help shows it (%(default)s and the like)
+                meaning = action.help % {**vars(action), "prog": p.prog}
+            else:
+                meaning = _need(CLI_HELP, action.option_strings[0], "flag")
             out.append(f"| {flags} | {default} | {_cell(meaning)} |")
     return out
 

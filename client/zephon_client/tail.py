@@ -29,6 +29,7 @@ from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from .channel import TLSConfig, auth_metadata, close_aio_channel, make_aio_channel, make_channel
 from .errors import ZephonClientError
+from .options import whole_number
 from .stream import LaneStream
 from .wire import DecodedBatch, LaneEnd, decode_end
 
@@ -67,6 +68,13 @@ def tail(
     fails (e.g. ``OUT_OF_RANGE`` naming the reachable seqs).
     """
     out = sys.stdout if out is None else out
+    try:
+        whole_number("lane", lane, 0, "a lane number")
+        whole_number("start_seq", start_seq, 0, "a seq")
+        if count is not None:
+            whole_number("count", count, 1, "batches to print; None for all")
+    except ValueError as exc:
+        raise ZephonClientError(None, str(exc)) from None
     metadata = auth_metadata(auth_token)
     channel = make_channel(address, tls=tls)
     stream: LaneStream | None = None
@@ -233,10 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``python -m zephon_client.tail ADDRESS LANE [-n N] [--start-seq S]``."""
     parser = argparse.ArgumentParser(prog="zephon tail", description=__doc__.splitlines()[0])
     parser.add_argument("address", help="server address, host:port")
-    parser.add_argument("lane", type=int)
+    parser.add_argument("lane", type=int, help="the lane to read (0 .. lanes - 1)")
     parser.add_argument("-n", "--count", type=int, default=10, help="batches to print (0: all)")
-    parser.add_argument("--start-seq", type=int, default=0)
-    parser.add_argument("--no-decode", action="store_true", help="print shapes only")
+    parser.add_argument("--start-seq", type=int, default=0, help="the first seq (default 0)")
+    parser.add_argument(
+        "--no-decode", action="store_true", help="print each batch's header line only, no text"
+    )
     parser.add_argument("--max-chars", type=int, default=None)
     args = parser.parse_args(argv)
     try:

@@ -1,4 +1,4 @@
-"""The ``zephon`` command line: explain, dump, and (for now) running the default pipeline.
+"""The zephon command line: serve a pipeline over gRPC; explain, dump, index and tail it.
 
 ``zephon explain --config F`` prints the plan. ``zephon dump --config F`` runs the pipeline
 in-process and prints the first N batches of each selected lane as text, JSON lines, or
@@ -61,13 +61,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_dump(args: argparse.Namespace) -> int:
     """Run in-process and print the first N batches of each selected lane."""
-    from .engine.numbered_batch import NumberedBatch
     from .engine.run import PipelineRun
     from .serve_flags import checkpoint_key_from_args, parse_lanes
 
+    if args.batches < 1:
+        raise ZephonError(f"--batches must be >= 1 (batches per lane), got {args.batches}")
     key = checkpoint_key_from_args(args, os.environ)
     pipeline, execution = load_pipeline(args, tuned_runtime())
     lanes = parse_lanes(args.lanes)
+    for lane in lanes or ():
+        if not 0 <= lane < pipeline.lanes:
+            raise ZephonError(
+                f"--lanes: lane {lane} does not exist; the pipeline's lanes are "
+                f"0..{pipeline.lanes - 1}"
+            )
     plan = pipeline.plan(execution)
 
     resume = None
@@ -77,9 +84,32 @@ def cmd_dump(args: argparse.Namespace) -> int:
         resume = read_state_file(args.resume_state, key)
     run = PipelineRun(plan, lanes=_dump_lanes(plan, lanes, resume), resume=resume)
     shown = run.lanes if lanes is None else sorted(set(lanes))
-    wanted = args.batches
     counts = dict.fromkeys(shown, 0)
     open_lanes = set(shown)
+    try:
+        _print_lanes(run, args, counts, open_lanes)
+    finally:
+        run.close()  # also on Ctrl-C: worker processes and shared memory go with the run
+    if args.save_state:
+        from .engine.checkpoint import write_atomic
+        from .engine.manifest import ShardManifest, manifest_dir, save_manifest
+
+        positions = {lane: run.logs[lane].start.next_seq + n for lane, n in counts.items()}
+        # The shard manifest first (next to the file): a refused resume then names the shard.
+        manifest = ShardManifest.of(plan.fingerprint, plan.datasets)
+        save_manifest(manifest_dir(Path(args.save_state).absolute().parent), manifest)
+        write_atomic(args.save_state, run.checkpoint(positions).encode(key))
+        log.info("saved resume state at %s to %s", positions, args.save_state)
+    return 0
+
+
+def _print_lanes(
+    run: Any, args: argparse.Namespace, counts: dict[int, int], open_lanes: set[int]
+) -> None:
+    """Print the first ``args.batches`` batches of each lane in ``counts`` (counted there)."""
+    from .engine.numbered_batch import NumberedBatch
+
+    wanted = args.batches
     out = sys.stdout
     for item in run:
         if item.lane_id not in counts:
@@ -102,18 +132,6 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 open_lanes.discard(item.lane_id)
         if not open_lanes:
             break
-    run.close()
-    if args.save_state:
-        from .engine.checkpoint import write_atomic
-        from .engine.manifest import ShardManifest, manifest_dir, save_manifest
-
-        positions = {lane: run.logs[lane].start.next_seq + n for lane, n in counts.items()}
-        # The shard manifest first (next to the file): a refused resume then names the shard.
-        manifest = ShardManifest.of(plan.fingerprint, plan.datasets)
-        save_manifest(manifest_dir(Path(args.save_state).absolute().parent), manifest)
-        write_atomic(args.save_state, run.checkpoint(positions).encode(key))
-        log.info("saved resume state at %s to %s", positions, args.save_state)
-    return 0
 
 
 def _dump_lanes(plan: Any, lanes: list[int] | None, resume: Any) -> list[int] | None:
@@ -222,7 +240,11 @@ def cmd_tail(args: argparse.Namespace) -> int:
         ) from None
     try:
         tail(
-            args.address, args.lane, args.count, start_seq=args.start_seq, decode=not args.no_decode
+            args.address,
+            args.lane,
+            args.count or None,
+            start_seq=args.start_seq,
+            decode=not args.no_decode,
         )
     except ZephonClientError as exc:
         print(f"zephon tail: {exc}", file=sys.stderr)
@@ -255,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dump", help="run in-process and print the first N batches of each lane")
     pipeline_args(p)
     p.add_argument("--lanes", help="lanes to dump, e.g. 0,1 or 0-3 (default: all)")
-    p.add_argument("--batches", type=int, default=4, help="batches per lane (default 4)")
+    p.add_argument("--batches", type=int, default=4, help="batches per lane, >= 1 (default 4)")
     p.add_argument("--format", choices=("text", "json", "digest"), default="text")
     p.add_argument("--save-state", metavar="FILE", help="write the resume state after the dump")
     p.add_argument("--resume-state", metavar="FILE", help="continue each lane from a state file")
@@ -277,10 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tail", help="print batches of a lane from a running server")
     p.add_argument("--address", required=True, help="server address host:port")
-    p.add_argument("--lane", type=int, required=True)
-    p.add_argument("--count", type=int, default=4)
-    p.add_argument("--start-seq", type=int, default=0)
-    p.add_argument("--no-decode", action="store_true", help="print token ids, not text")
+    p.add_argument("--lane", type=int, required=True, help="the lane to read (0 .. lanes - 1)")
+    p.add_argument("--count", type=int, default=4, help="batches to print (0: all; default 4)")
+    p.add_argument("--start-seq", type=int, default=0, help="the first seq to read (default 0)")
+    p.add_argument(
+        "--no-decode", action="store_true", help="print each batch's header line only, no text"
+    )
     p.set_defaults(func=cmd_tail)
 
     p = sub.add_parser(
@@ -314,7 +338,7 @@ def main(argv: Sequence[str] | None = None, *, exec_argv: Sequence[str] | None =
         signals = _stop_signals(words)
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
         allocator = None
-        if _command(words) == "serve":
+        if _command(words) == "serve" and not {"-h", "--help"} & set(words):
             # Before the parser imports the server (numpy, gRPC, the engine), which a
             # re-executed image would import again.
             from .runtime.allocator import requested
@@ -336,6 +360,9 @@ def main(argv: Sequence[str] | None = None, *, exec_argv: Sequence[str] | None =
         return 0
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C in dump, explain, index, tail (serve handles its own)
+        print("zephon: interrupted", file=sys.stderr)
+        return 130
 
 
 def entry() -> NoReturn:

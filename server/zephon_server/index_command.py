@@ -23,9 +23,10 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .engine.errors import ZephonError
+from .engine.errors import DataError, ZephonError
 
 if TYPE_CHECKING:
+    from .engine.datasets import DatasetSpec
     from .engine.execution import ExecutionConfig
     from .engine.index_builder import BuildReport, ShardJob
     from .engine.index_dir import IndexDir
@@ -117,7 +118,24 @@ def cmd_index(args: argparse.Namespace) -> int:
     pruned = enforce(cache.index)
     if pruned is not None and pruned.bytes_removed:
         print(pruned.summary())
+    _check_text_columns(pipeline.datasets, report)
     return 0
+
+
+def _check_text_columns(specs: Sequence[DatasetSpec], report: BuildReport) -> None:
+    """Say now what a server's start-up would refuse or skip: Parquet shards without the text
+    column (:mod:`.engine.text_columns`; the index itself is complete either way)."""
+    from .engine.text_columns import check_text_columns
+
+    for spec, counted in zip(specs, report.counted):
+        try:
+            check_text_columns(spec, [(p, n) for p, n, _ in counted], [c for _, _, c in counted])
+        except DataError as exc:
+            print(
+                f"zephon index: warning: {exc}; a server with this config stops at start-up "
+                "until then",
+                file=sys.stderr,
+            )
 
 
 def _writable_store(execution: ExecutionConfig) -> IndexDir:

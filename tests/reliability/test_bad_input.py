@@ -114,7 +114,7 @@ def test_corrupt_and_incompatible_checkpoint_files_at_startup(running, tmp_path,
     expected = {
         "ckpt-00000002-torn": "checksum mismatch: the file is truncated or corrupted (expected",
         "ckpt-00000003-empty": "truncated: 0 bytes, shorter than its 42-byte header",
-        str(foreign): "checkpoint is from another pipeline: expected fingerprint",
+        str(foreign): "checkpoint is from another pipeline: checkpoint fingerprint",
         str(older): "format version 2 (signed) is older than this server's 4: it was written by "
         "Zephon 0.1",
     }

@@ -39,6 +39,9 @@ def config_path(tmp_path_factory, corpus_dir):
     return path
 
 
+ZEPHON = (sys.executable, "-m", "zephon_server.cli")
+
+
 def zephon(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "zephon_server.cli", *args],
@@ -168,3 +171,55 @@ def test_tail_without_the_client_package_says_what_to_install():
     assert run.returncode == 2, run.stderr
     assert "zephon: error: zephon tail needs the client package zephon_client" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lanes", "9"], "--lanes: lane 9 does not exist; the pipeline's lanes are 0..3"),
+        (["--lanes", "2-5"], "--lanes: lane 4 does not exist; the pipeline's lanes are 0..3"),
+        (["--batches", "0"], "--batches must be >= 1 (batches per lane), got 0"),
+    ],
+)
+def test_dump_refuses_lanes_and_counts_it_cannot_show(config_path, tmp_path, args, message):
+    # a lane past the pipeline's printed nothing and exited 0 (with --save-state: KeyError)
+    state = tmp_path / "s.zck"
+    res = zephon("dump", "--config", str(config_path), *args, "--save-state", str(state))
+    assert res.returncode == 2 and res.stderr.strip().endswith(message), res.stderr
+    assert "Traceback" not in res.stderr and not state.exists()
+
+
+def test_tail_refuses_a_negative_lane_before_connecting():
+    res = zephon("tail", "--address", "127.0.0.1:1", "--lane", "-1")
+    assert res.returncode == 2
+    assert (
+        res.stderr.strip() == "zephon tail: error: lane must be at least 0 (a lane number), got -1"
+    )
+
+
+def test_ctrl_c_during_dump_stops_it_without_a_traceback(config_path, tmp_path):
+    import os
+    import signal
+
+    cfg = yaml.safe_load(config_path.read_text())
+    for dataset in cfg["datasets"]:
+        dataset["exhaustion"] = "repeat"  # never ends on its own
+    cfg["execution"] = {"runner": "processes", "workers": 2}
+    path = tmp_path / "forever.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [*ZEPHON, "dump", "--config", str(path), "--batches", "100000000", "--format", "digest"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline()  # batches are flowing
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: workers get it too
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().endswith("zephon: interrupted") and "Traceback" not in err, err
+    assert "leaked" not in err, err  # the run's workers and shared memory were closed

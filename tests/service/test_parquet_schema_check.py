@@ -78,3 +78,25 @@ def test_object_store_shards_are_checked_cold_and_from_the_catalog(s3, tmp_path:
         in (messages[0])
     )
     assert cache.stats()["catalog_hits"] == 1 and cache.stats()["footer_reads"] == 0
+
+
+def test_zephon_index_says_what_a_start_would_refuse(tmp_path: Path) -> None:
+    data = mixed(tmp_path / "ds")
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "datasets": [{"name": "web", "path": "ds", "weight": 1}],
+                "pipeline": ["tokenize", {"batch": {"microbatch_size": 4}}],
+            }
+        )
+    )
+    res = zephon("index", "--config", str(config), "--index-dir", str(tmp_path / "index"))
+    assert res.returncode == 0, res.stderr  # the index itself is complete
+    assert res.stdout.startswith("indexed 3 shards of 1 dataset(s)")
+    assert (
+        "zephon index: warning: dataset 'web': 1 of its 3 Parquet shards "
+        f"({ROWS} rows) has no text column 'text'"
+    ) in res.stderr
+    assert f"the first is {data / 'part-1.parquet'}" in res.stderr
+    assert res.stderr.rstrip().endswith("a server with this config stops at start-up until then")

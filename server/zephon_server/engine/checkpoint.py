@@ -297,7 +297,9 @@ class ResumeState:
             if not k.startswith("shards:")
         ]
         data, hint = self._describe_data_change(changed, datasets, manifest_dirs)
-        which = f"expected fingerprint {fingerprint[:16]}, found {self.fingerprint[:16]}"
+        which = (
+            f"checkpoint fingerprint {self.fingerprint[:16]}, this pipeline's {fingerprint[:16]}"
+        )
         if config or not data:
             also = f"; and the data changed: {data}" if data else ""
             raise IncompatibleCheckpoint(
@@ -321,9 +323,9 @@ class ResumeState:
             raise IncompatibleCheckpoint(
                 f"checkpoint was taken with fingerprint version {theirs} and this server "
                 f"computes version {ours}{_fingerprint_changes(theirs, ours)}, so it cannot be "
-                f"checked against the current data (expected fingerprint {fingerprint[:16]}, "
-                f"found {self.fingerprint[:16]}). Resume it with the Zephon version that took "
-                "it, or start a new run"
+                f"checked against the current data (checkpoint fingerprint "
+                f"{self.fingerprint[:16]}, this pipeline's {fingerprint[:16]}). Resume it with "
+                "the Zephon version that took it, or start a new run"
             )
 
     def _describe_data_change(
@@ -427,8 +429,9 @@ def _check_signature(data: bytes, payload: bytes, version: int, key: CheckpointK
     mac = data[_HEADER.size : _HEADER.size + MAC_BYTES]
     if not key.verify(MAGIC + _VERSION.pack(version) + payload, mac):
         raise BadSignature(
-            "checkpoint signature does not match (forged, or signed with another key); this "
-            f"server's key is from {key.source}: resume a checkpoint this key signed"
+            "checkpoint signature does not match (forged, or signed with another key); the key "
+            f"given is from {key.source}: use a checkpoint this key signed, or the key that "
+            "signed it"
         )
 
 

@@ -226,7 +226,7 @@ def resolve_datasets(
                 f"dataset {spec.name!r}: its {len(shards)} shard file(s) under {spec.path!r} "
                 "hold no rows (add data or remove the dataset)"
             )
-        check_text_columns(spec, shards, counts.columns)
+        check_text_columns(spec, [(s.path, s.num_rows) for s in shards], counts.columns)
         logger.info(
             "dataset %r: %d shards, %d rows, %d bytes (%s)",
             spec.name,

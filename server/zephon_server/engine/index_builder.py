@@ -59,6 +59,9 @@ class BuildReport:
     bytes_total: int
     bytes_built: int
     seconds: float
+    #: Per dataset, each shard's (path, rows, columns): what start-up checks
+    #: (:mod:`.text_columns`).
+    counted: tuple[tuple[tuple[str, int, Columns | None], ...], ...] = ()
 
 
 def list_jobs(specs: Sequence[DatasetSpec], base_dir: str) -> list[list[ShardJob]]:
@@ -135,4 +138,17 @@ def build_index(
         bytes_total=sum(j.size for j in jobs),
         bytes_built=sum(j.size for j in built),
         seconds=time.monotonic() - start,
+        counted=_per_dataset(datasets, results),
     )
+
+
+def _per_dataset(
+    datasets: Sequence[Sequence[ShardJob]], results: Sequence[Counted]
+) -> tuple[tuple[tuple[str, int, Columns | None], ...], ...]:
+    """Each dataset's shards as (path, rows, columns), from the results of every job."""
+    out, pos = [], 0
+    for listing in datasets:
+        done = results[pos : pos + len(listing)]
+        out.append(tuple((job.path, rows, cols) for job, (rows, cols, _) in zip(listing, done)))
+        pos += len(listing)
+    return tuple(out)

@@ -30,7 +30,7 @@ from .errors import DataError
 from .parquet_columns import Columns, is_text_column
 
 if TYPE_CHECKING:
-    from .datasets import DatasetSpec, ShardInfo
+    from .datasets import DatasetSpec
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +40,15 @@ FIX = "set the dataset's text_field to the column holding the text, or fix or re
 
 
 def check_text_columns(
-    spec: DatasetSpec, shards: Sequence[ShardInfo], columns: Sequence[Columns | None]
+    spec: DatasetSpec, shards: Sequence[tuple[str, int]], columns: Sequence[Columns | None]
 ) -> None:
     """Check that every Parquet shard (``columns`` not None) with rows has ``spec``'s
-    ``text_field`` as a column of text; see the module docstring for what happens when not."""
+    ``text_field`` as a column of text; ``shards``: each shard's (path, rows). See the module
+    docstring for what happens when not."""
     lacking = [
         (shard, cols)
         for shard, cols in zip(shards, columns)
-        if cols is not None and shard.num_rows and not is_text_column(cols, spec.text_field)
+        if cols is not None and shard[1] and not is_text_column(cols, spec.text_field)
     ]
     if not lacking:
         return
@@ -61,14 +62,16 @@ def check_text_columns(
     )
 
 
-def _describe(spec: DatasetSpec, lacking: list[tuple[ShardInfo, Columns]], parquet: int) -> str:
+def _describe(
+    spec: DatasetSpec, lacking: list[tuple[tuple[str, int], Columns]], parquet: int
+) -> str:
     """Which shards lack the column and what the first one has."""
-    first, cols = lacking[0]
-    rows = sum(shard.num_rows for shard, _ in lacking)
+    (first, _), cols = lacking[0]
+    rows = sum(n for (_, n), _ in lacking)
     return (
         f"dataset {spec.name!r}: {len(lacking)} of its {parquet} Parquet shards ({rows} rows) "
         f"{'has' if len(lacking) == 1 else 'have'} no text column {spec.text_field!r} (a "
-        f"string or binary column); the first is {first.path}, whose columns are "
+        f"string or binary column); the first is {first}, whose columns are "
         f"{_named(cols)}"
     )
 

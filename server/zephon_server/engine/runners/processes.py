@@ -20,7 +20,9 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
@@ -49,7 +51,15 @@ def _init_worker(
 ) -> None:
     """Worker initializer: watch the owning process's lifeline first (exit if it is gone),
     name payload blocks after its owner id, apply the process tuning, keep the steps and run
-    every operator's setup."""
+    every operator's setup.
+
+    A worker ignores SIGINT: a terminal's Ctrl-C goes to the whole process group, and the
+    owning process stops its workers itself (its run's close, or the lifeline). The signal
+    was blocked from the worker's first instruction (:func:`_sigint_blocked` around the
+    submit that spawned it), so one arriving while the interpreter started waits here and
+    is dropped, instead of a ``KeyboardInterrupt`` traceback per worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     lifeline.watch(line, owner_pid)
     shm_owner.adopt(owner)
     if tuning is not None:
@@ -59,6 +69,17 @@ def _init_worker(
             ctx.worker_id = os.getpid()
             op.setup(ctx)
         _WORKER_STEPS[step.index] = step
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in the calling thread (a signal arriving meanwhile is delivered after):
+    processes spawned meanwhile inherit the mask (:func:`_init_worker`)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _initargs(
@@ -125,7 +146,8 @@ class ProcessesRunner(PooledRunner):
     def submit(self, task: Task) -> Future[list[Any]]:
         pool = self._pools[task.step.index]
         try:
-            inner = pool.submit(_run_task, task.step.index, task.elems)
+            with _sigint_blocked():  # a worker spawned by this submit starts with it blocked
+                inner = pool.submit(_run_task, task.step.index, task.elems)
         except BrokenProcessPool as exc:
             inner = Future()
             inner.set_exception(exc)
