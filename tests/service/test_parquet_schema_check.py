@@ -6,29 +6,19 @@ checked cold and from the catalog like local ones (the S3 server). The in-proces
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.service.test_cli import zephon
 from tests.service.test_storage_s3 import options
 from tests.unit.test_parquet_schema_check import ROWS, cache_on, mixed
 from zephon_server.engine.datasets import DatasetSpec, resolve_datasets
 from zephon_server.engine.errors import DataError
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
-
-
-def zephon(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zephon_server.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
 
 
 @pytest.mark.parametrize("on_error", ["fail", "skip"])

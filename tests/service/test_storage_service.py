@@ -33,14 +33,18 @@ def s3_config(stream_config, bucket: str, out: Path, runner: dict | None = None)
     return out
 
 
-def zephon(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+def zephon(
+    args: list[str], env: dict[str, str], cwd: Path, inherit: bool = True
+) -> subprocess.CompletedProcess:
+    """``zephon ARGS`` in ``cwd`` with ``env`` over this process's environment (or, without
+    ``inherit``, with ``env`` alone)."""
     return subprocess.run(
         [sys.executable, "-m", "zephon_server.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=cwd,
-        env={**__import__("os").environ, **env},
+        env={**__import__("os").environ, **env} if inherit else env,
     )
 
 
@@ -199,17 +203,6 @@ def only_storage_options(s3, stream_config, bucket: str, tmp_path: Path) -> tupl
     return cfg_path, {**clean, "AWS_EC2_METADATA_DISABLED": "true"}
 
 
-def run_clean(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zephon_server.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env,
-    )
-
-
 def test_an_index_in_a_datasets_bucket_is_reached_with_its_storage_options(
     s3, corpus_dir, stream_config, tmp_path
 ):
@@ -217,12 +210,12 @@ def test_an_index_in_a_datasets_bucket_is_reached_with_its_storage_options(
     s3.upload_tree(corpus_dir, bucket, "corpus")
     cfg, env = only_storage_options(s3, stream_config, bucket, tmp_path)
     index = f"s3://{bucket}/zephon-index"
-    cold = run_clean(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path)
+    cold = zephon(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path, False)
     assert cold.returncode == 0, cold.stderr
     assert "WARNING" not in cold.stderr, cold.stderr  # it was the default endpoint before
     keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
     assert any(k.startswith("zephon-index/catalogs/") for k in keys)
-    warm = run_clean(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path)
+    warm = zephon(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path, False)
     assert warm.returncode == 0 and "row counts from the index catalog" in warm.stderr
 
 
@@ -236,7 +229,7 @@ def test_an_index_store_that_does_not_answer_is_not_used_at_all(
     cfg, env = only_storage_options(s3, stream_config, bucket, tmp_path)
     env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_port()}"
     index = "s3://another-bucket/zephon-index"
-    res = run_clean(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path)
+    res = zephon(["explain", "--config", str(cfg), "--index-dir", index], env, tmp_path, False)
     assert res.returncode == 0, res.stderr
     warnings = [line for line in res.stderr.splitlines() if "WARNING" in line]
     assert len(warnings) == 1, res.stderr

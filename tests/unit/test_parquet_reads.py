@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.unit.test_bad_records import collect
 from zephon_server.engine.datasets import DatasetSpec, ShardInfo
 from zephon_server.engine.errors import DataError
 from zephon_server.engine.execution import ExecutionConfig
@@ -74,38 +75,18 @@ def pipeline(path: Path, on_error: str) -> Pipeline:
     return pipe.decode_text().tokenize(tokenizer="byte").batch(microbatch_size=3, drop_last=False)
 
 
-def collect(pipe: Pipeline, runner: str) -> tuple[dict[int, bytes], Counter, dict[str, Any]]:
-    """Delivered documents (row -> text bytes), tombstones (row, reason), stats."""
-    run = pipe.run(ExecutionConfig(runner=runner, workers=2))
-    docs: dict[int, bytes] = {}
-    tombstones: Counter = Counter()
-    for item in run:
-        if not isinstance(item, NumberedBatch):
-            continue
-        ids, mask = item.tensors["input_ids"], item.tensors["padding_mask"]
-        for i, meta in enumerate(item.rows):
-            row_ids = ids[i][mask[i]]
-            assert row_ids[-1] == EOS and meta.doc.row not in docs
-            docs[meta.doc.row] = bytes(row_ids[:-1].astype(np.uint8))
-        tombstones.update((m.doc.row, m.tombstone) for m in item.tombstones)
-    for log in run.logs.values():
-        tombstones.update((m.doc.row, m.tombstone) for m in log.tail_tombstones)
-    return docs, tombstones, run.stats()
-
-
 # ------------------------------------------------------------------------ page checksums
+
+
+def checksummed(path: Path, texts: list[str]) -> Path:
+    """``texts`` in row groups of 20, uncompressed, plain-encoded, with page checksums."""
+    kw = {"compression": "none", "use_dictionary": False, "write_page_checksum": True}
+    return write(path, texts, 20, **kw)
 
 
 def test_a_page_failing_its_checksum_is_unreadable_not_changed_text(tmp_path):
     # Uncompressed and plain-encoded: only the page checksum can tell the changed digit.
-    path = write(
-        tmp_path / "part.parquet",
-        TEXTS[:40],
-        20,
-        compression="none",
-        use_dictionary=False,
-        write_page_checksum=True,
-    )
+    path = checksummed(tmp_path / "part.parquet", TEXTS[:40])
     flip(path, b"document 013")
     got = ShardCache().read_rows(shard(path), list(range(40)), "text")
     assert got[20:] == TEXTS[20:40]
@@ -120,14 +101,7 @@ def test_a_page_failing_its_checksum_is_unreadable_not_changed_text(tmp_path):
 
 
 def test_an_object_store_read_checks_page_checksums_too(tmp_path):
-    path = write(
-        tmp_path / "part.parquet",
-        TEXTS[:20],
-        20,
-        compression="none",
-        use_dictionary=False,
-        write_page_checksum=True,
-    )
+    path = checksummed(tmp_path / "part.parquet", TEXTS[:20])
     flip(path, b"document 013")
     source = ObjectFile(LocalStore(), str(path), path.stat().st_size)
     md = pq.ParquetFile(path).metadata
