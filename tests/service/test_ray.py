@@ -342,3 +342,33 @@ def test_ray_address_config_key(tmp_path, corpus_dir):
         ExecutionConfig(ray_address=5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="placement"):
         Boom(placement="cluster")  # Operator is abstract: a concrete one validates
+
+
+def test_a_ray_address_that_does_not_answer_fails_within_the_connect_timeout(tmp_path, corpus_dir):
+    # Given host:port that nothing answers, ray.init waits without end: a dump hung for
+    # minutes, a server said SERVING and made nothing.
+    cfg = write_config(tmp_path / "p.yaml", corpus_dir, lanes=4)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "ZEPHON_RAY_ADDRESS")}
+    env.update(ZEPHON_RAY_ADDRESS="127.0.0.1:1", ZEPHON_RAY_CONNECT_TIMEOUT="3")
+    args = ["dump", "--config", str(cfg), "--runner", "ray", "--batches", "1"]
+    res = subprocess.run(
+        [sys.executable, "-m", "zephon_server.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert (
+        "zephon: error: cannot start or connect to Ray at 127.0.0.1:1: no answer within 3 s"
+        in res.stderr
+    )
+
+
+def test_the_connect_timeout_is_checked():
+    from zephon_server.engine.runners.ray import DEFAULT_CONNECT_TIMEOUT_S, connect_timeout
+
+    assert connect_timeout({}) == DEFAULT_CONNECT_TIMEOUT_S
+    assert connect_timeout({"ZEPHON_RAY_CONNECT_TIMEOUT": "2.5"}) == 2.5
+    with pytest.raises(ConfigError, match="ZEPHON_RAY_CONNECT_TIMEOUT must be a number"):
+        connect_timeout({"ZEPHON_RAY_CONNECT_TIMEOUT": "soon"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -150,5 +152,43 @@ def test_dataset_tokens_loss_tokens_and_mask_errors_with_injected_registry(corpu
             assert got == trained[name]
             got = registry.get_sample_value("zephon_records_mask_errors_total", labels)
             assert got == errors[name]
+    finally:
+        hub.stop()
+
+
+def test_held_back_time_rises_during_the_hold_and_carries_across_a_resume(corpus_specs):
+    # A lane nobody reads fills its log and holds the pipeline back: the counter must rise
+    # while that goes on (it used to stay flat until the wait ended), and a Resume (a new run
+    # in the hub, whose own count starts at 0) must not make it go backwards.
+    from zephon_server.engine.pipeline import Pipeline
+    from zephon_server.service.metrics import ServiceMetrics
+
+    # a chunk of 64 documents makes 64 batches of one: far past what a lane may hold
+    pipe = Pipeline(corpus_specs, lanes=2, chunk_size=64, flush_every_k_chunks=1)
+    pipe.decode_text().tokenize().batch(microbatch_size=1)
+    hub = LaneHub(pipe, ExecutionConfig(runner="threads", workers=2), max_ahead=1)
+    registry = CollectorRegistry()
+    ServiceMetrics(registry, hub)
+
+    def held() -> float:
+        return sum(
+            registry.get_sample_value("zephon_lane_held_back_seconds_total", {"lane": str(lane)})
+            or 0.0
+            for lane in (0, 1)
+        )
+
+    hub.start()
+    try:
+        deadline = time.monotonic() + 30
+        while hub.stats()["producer_waiting_on"] is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hub.stats()["producer_waiting_on"] is not None
+        first = held()
+        time.sleep(1.0)
+        during = held()
+        assert during >= first + 0.8  # counted while the hold goes on
+        _, _, state = hub.checkpoint({0: 0, 1: 0})
+        hub.resume(state)
+        assert held() >= during  # the new run's count starts at 0: carried, never backwards
     finally:
         hub.stop()

@@ -158,6 +158,7 @@ class LaneHub:
         self._generation = 0
         self._state: dict[int, LaneBuffer] = {}
         self._blocked: int | None = None  # the lane whose full log the producer waits on
+        self._blocked_since = 0.0  # since when (time.monotonic())
         #: end_of_data: the frontier of the current run (None: each lane to its own end).
         self.end_gate: EndGate | None = None
         self.producer_waits = 0
@@ -181,6 +182,11 @@ class LaneHub:
     @property
     def run(self) -> PipelineRun | None:
         return self._run
+
+    def current_run(self) -> tuple[int, PipelineRun | None]:
+        """The run and its generation (one more at every run installed: start, Resume)."""
+        with self._cond:
+            return self._generation, self._run
 
     @property
     def error(self) -> BaseException | None:
@@ -409,6 +415,7 @@ class LaneHub:
                     return False
                 if self._blocked is None:
                     self._blocked = st.lane
+                    self._blocked_since = since
                     self.producer_waits += 1
                 if not told and time.monotonic() - since > 10:
                     told = True
@@ -755,28 +762,15 @@ class LaneHub:
 
     def stats(self) -> dict[str, Any]:
         """Per-lane figures for metrics and progress logs."""
+        now = time.monotonic()
         with self._cond:
             end_of_data = self.end_gate.stats() if self.end_gate is not None else None
             ends = end_of_data or {}
             cut, made, end = ends.get("cut", {}), ends.get("produced", {}), ends.get("end")
+            held = now - self._blocked_since  # the wait going on counts too
             lanes = {
-                lane: {
-                    # Every batch the lane made, cut ones too (they are never kept, so the
-                    # log's next seq stops at the end); unconsumed counts what a reader can
-                    # still take: a cut batch is never acknowledged.
-                    "produced": max(st.next_seq, made.get(lane, 0)),
-                    "acked": st.slowest(),
-                    "unconsumed": max(
-                        0, (st.next_seq if end is None else min(st.next_seq, end)) - st.slowest()
-                    ),
-                    "buffered": len(st.batches),
-                    "consumers": len(st.consumers) + len(st.replaying),
-                    "replay_readers": len(st.replaying),
-                    "held_back_s": st.held_s,
-                    "not_kept": st.dropped,
-                    "ended": st.end is not None,
-                    "cut": cut.get(lane, 0),
-                }
+                lane: st.stats(made.get(lane, 0), cut.get(lane, 0), end)
+                | {"held_back_s": st.held_s + (held if self._blocked == lane else 0.0)}
                 for lane, st in self._state.items()
             }
             replays = self._replays.stats()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..engine.numbered_batch import NumberedBatch
 from ..engine.run import EndOfLane
@@ -41,6 +42,28 @@ class LaneBuffer:
     held_s: float = 0.0  # seconds the producer waited because this lane's log was full
     dropped: int = 0  # batches not kept (the log was full while another lane waited)
     dropping: bool = False  # the last batch was not kept
+
+    def stats(self, made: int, cut: int, end: int | None) -> dict[str, Any]:
+        """The lane's figures for metrics; ``made`` and ``cut``: the batches it made and
+        had cut at the common end ``end`` (:mod:`.end_gate`; 0, 0 and None without one)."""
+        slowest = self.slowest()
+        return {
+            # Every batch the lane made, cut ones too (they are never kept, so the log's next
+            # seq stops at the end); unconsumed counts what a reader can still take: a cut
+            # batch is never acknowledged.
+            "produced": max(self.next_seq, made),
+            "acked": slowest,
+            "unconsumed": max(
+                0, (self.next_seq if end is None else min(self.next_seq, end)) - slowest
+            ),
+            "buffered": len(self.batches),
+            "consumers": len(self.consumers) + len(self.replaying),
+            "replay_readers": len(self.replaying),
+            "held_back_s": self.held_s,
+            "not_kept": self.dropped,
+            "ended": self.end is not None,
+            "cut": cut,
+        }
 
     def remember(self, consumer: str, next_seq: int) -> None:
         """``consumer``'s position on this lane is ``next_seq`` (the latest name last). A

@@ -22,6 +22,7 @@ from ..engine.numbered_batch import NumberedBatch
 from ..engine.replay_cache import ReplayCache
 from ..engine.storage.metrics import StorageStats, histogram, storage_stats
 from ..runtime.allocator import current_name
+from .metric_carry import Carry
 
 
 class ServiceMetrics:
@@ -117,9 +118,13 @@ class EngineCollector(Collector):
 
     def __init__(self, hub: LaneHub) -> None:
         self.hub = hub
+        self._carry = Carry()  # counters of this process's work, across Resume RPCs
 
     def collect(self) -> Iterator[Any]:
-        run = self.hub.run
+        generation, run = self.hub.current_run()
+        yield from self._carry.apply(generation, self._families(run))
+
+    def _families(self, run: Any) -> Iterator[Any]:
         stats = self.hub.stats()
         yield from _lane_metrics(stats)
         yield from _flow_metrics(stats)

@@ -187,11 +187,68 @@ class _Session:
             kwargs["address"] = address
             where = f"Ray at {address or os.environ.get('RAY_ADDRESS')}"
         started = time.monotonic()
+        if kwargs["address"] == "local":
+            _init(kwargs, where)  # starting Ray here answers or fails by itself
+        else:
+            _init_within(kwargs, where, connect_timeout(os.environ))
+        log.info("connected to %s in %.1f s", where, time.monotonic() - started)
+
+
+#: Seconds ``ray.init`` may take before the run fails (``$ZEPHON_RAY_CONNECT_TIMEOUT``).
+DEFAULT_CONNECT_TIMEOUT_S = 120.0
+
+
+def connect_timeout(environ: Any) -> float:
+    """``$ZEPHON_RAY_CONNECT_TIMEOUT`` (seconds > 0), else :data:`DEFAULT_CONNECT_TIMEOUT_S`."""
+    text = environ.get("ZEPHON_RAY_CONNECT_TIMEOUT")
+    if text is None:
+        return DEFAULT_CONNECT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(
+            f"ZEPHON_RAY_CONNECT_TIMEOUT must be a number of seconds > 0, got {text!r}"
+        )
+    return value
+
+
+def _init(kwargs: dict[str, Any], where: str) -> None:
+    try:
+        ray.init(**kwargs)
+    except Exception as exc:
+        raise ConfigError(f"cannot start or connect to {where}: {exc}") from exc
+
+
+def _init_within(kwargs: dict[str, Any], where: str, timeout: float) -> None:
+    """``ray.init(**kwargs)`` for an existing cluster, failing after ``timeout`` seconds:
+    given a ``host:port`` that does not answer, Ray waits for its control store without end (a
+    run looked alive and made nothing). The call goes on in a daemon thread that then stays
+    parked for the life of the process: processes Ray starts may be bound to the thread that
+    started them (they are told to exit when it does)."""
+    done: Future[None] = Future()
+
+    def connect() -> None:
         try:
             ray.init(**kwargs)
-        except Exception as exc:
-            raise ConfigError(f"cannot start or connect to {where}: {exc}") from exc
-        log.info("connected to %s in %.1f s", where, time.monotonic() - started)
+            done.set_result(None)
+        except BaseException as exc:  # handed to the caller below
+            done.set_exception(exc)
+            return
+        threading.Event().wait()  # parked: see above
+
+    threading.Thread(target=connect, name="zephon-ray-init", daemon=True).start()
+    try:
+        done.result(timeout)
+    except TimeoutError:
+        raise ConfigError(
+            f"cannot start or connect to {where}: no answer within {timeout:g} s (check the "
+            "address, that the cluster is up and reachable from here; "
+            "ZEPHON_RAY_CONNECT_TIMEOUT sets this wait)"
+        ) from None
+    except Exception as exc:
+        raise ConfigError(f"cannot start or connect to {where}: {exc}") from exc
 
 
 SESSION = _Session()
