@@ -460,3 +460,14 @@ def test_a_damaged_file_is_logged_once_per_process(tmp_path, caplog) -> None:
         index.discard("entries/ab/abcd.zsi", "truncated index entry: 5 bytes")  # another problem
     assert index.corrupt == 4
     assert [r.getMessage().count("abcd.zsi") for r in caplog.records] == [1, 1]
+
+
+def test_an_index_store_found_unreachable_stays_unused_in_worker_processes() -> None:
+    # a worker handed the index dir must not pay a retry budget per entry again
+    from zephon_server.engine.index_dir import ObjectIndexDir
+
+    store = ObjectIndexDir("s3://bucket/index")
+    store.unreachable = "storage request failed: put ... (network)"
+    copy = pickle.loads(pickle.dumps(store))
+    assert isinstance(copy, ObjectIndexDir) and copy.unreachable == store.unreachable
+    assert copy.get("entries/ab/x.zsi") is None  # answered without a request

@@ -110,6 +110,7 @@ class IndexDir:
             "writable": self.writable,
             "max_bytes": self.max_bytes,
             "spill_max_bytes": self.spill_max_bytes,
+            "unreachable": self.unreachable,  # a worker would pay the retry budgets again
         }
         return (self.__class__, (self.root,), state)
 
@@ -117,6 +118,7 @@ class IndexDir:
         self.writable = bool(state["writable"]) and self.root is not None
         self.max_bytes = state.get("max_bytes")
         self.spill_max_bytes = state.get("spill_max_bytes")
+        self.unreachable = state.get("unreachable")
 
     @property
     def local(self) -> bool:
