@@ -372,3 +372,19 @@ def test_the_connect_timeout_is_checked():
     assert connect_timeout({"ZEPHON_RAY_CONNECT_TIMEOUT": "2.5"}) == 2.5
     with pytest.raises(ConfigError, match="ZEPHON_RAY_CONNECT_TIMEOUT must be a number"):
         connect_timeout({"ZEPHON_RAY_CONNECT_TIMEOUT": "soon"})
+
+
+def test_every_ray_connection_is_made_on_one_daemon_thread():
+    # a thread per connection piled up over a server's Resume calls; a joined one kept a
+    # process whose connection hung from exiting
+    import threading
+
+    from zephon_server.engine.runners.ray import _CONNECTOR
+
+    first = _CONNECTOR.submit(threading.current_thread).result(10)
+    second = _CONNECTOR.submit(threading.current_thread).result(10)
+    assert first is second and first.daemon and first.name == "zephon-ray-init"
+    failed = _CONNECTOR.submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failed.result(10)
+    assert _CONNECTOR.submit(lambda: 7).result(10) == 7  # still serving after a failure

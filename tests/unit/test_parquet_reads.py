@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.unit.test_bad_records import collect
+from zephon_server.engine import shards
 from zephon_server.engine.datasets import DatasetSpec, ShardInfo
 from zephon_server.engine.errors import DataError
 from zephon_server.engine.execution import ExecutionConfig
@@ -84,12 +85,17 @@ def checksummed(path: Path, texts: list[str]) -> Path:
     return write(path, texts, 20, **kw)
 
 
-def test_a_page_failing_its_checksum_is_unreadable_not_changed_text(tmp_path):
+def test_a_page_failing_its_checksum_is_unreadable_not_changed_text(tmp_path, monkeypatch):
     # Uncompressed and plain-encoded: only the page checksum can tell the changed digit.
     path = checksummed(tmp_path / "part.parquet", TEXTS[:40])
     flip(path, b"document 013")
-    got = ShardCache().read_rows(shard(path), list(range(40)), "text")
+    cache = ShardCache()
+    got = cache.read_rows(shard(path), list(range(40)), "text")
     assert got[20:] == TEXTS[20:40]
+    decoded = []
+    monkeypatch.setattr(shards, "read_column", lambda *a: decoded.append(a[2]) or read_column(*a))
+    assert cache.read_rows(shard(path), [3, 25], "text") == [got[3], TEXTS[25]]
+    assert decoded == []  # the damaged row group's marker is kept: not decoded again
     marker = got[0]
     assert isinstance(marker, Unreadable) and got[:20] == [marker] * 20
     assert (marker.path, marker.row_group, marker.first, marker.end) == (str(path), 0, 0, 20)

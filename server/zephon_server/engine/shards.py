@@ -728,21 +728,24 @@ class ShardCache:
             source = _parquet_source(path, identity)
             return read_column(source, md, rg, text_field, path, bounds)
 
-        def load() -> tuple[tuple[list[Any], np.ndarray], int]:
-            values, sizes, nbytes = column_values(_checked_load(path, identity, read), limit)
+        def load() -> tuple[tuple[list[Any], np.ndarray] | Unreadable, int]:
             with self._lock:
                 self.misses += 1
                 self.row_group_reads += 1
+            try:
+                column = _checked_load(path, identity, read)
+            except DamagedRowGroup as exc:
+                found = _identity_now(path)  # a file rewritten while read is other data
+                if found != identity:
+                    raise _changed(path, identity, found) from exc
+                # kept like a good row group: every later read of its rows gets the marker
+                # without decoding the damaged pages again
+                return exc.marker, _PY_OBJECT_OVERHEAD + len(exc.marker.problem)
+            values, sizes, nbytes = column_values(column, limit)
             return (values, sizes), nbytes + _PY_OBJECT_OVERHEAD * len(values) + sizes.nbytes
 
         key = (path, PARQUET, text_field, rg, identity, limit)
-        try:
-            return self._cached(key, load)  # type: ignore[no-any-return]
-        except DamagedRowGroup as exc:
-            found = _identity_now(path)  # a file rewritten while read is other data
-            if found != identity:
-                raise _changed(path, identity, found) from exc
-            return exc.marker
+        return self._cached(key, load)  # type: ignore[no-any-return]
 
 
 _default_cache: ShardCache | None = None

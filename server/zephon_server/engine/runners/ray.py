@@ -35,6 +35,7 @@ import functools
 import logging
 import os
 import pickle
+import queue
 import sys
 import threading
 import time
@@ -224,21 +225,8 @@ def _init(kwargs: dict[str, Any], where: str) -> None:
 def _init_within(kwargs: dict[str, Any], where: str, timeout: float) -> None:
     """``ray.init(**kwargs)`` for an existing cluster, failing after ``timeout`` seconds:
     given a ``host:port`` that does not answer, Ray waits for its control store without end (a
-    run looked alive and made nothing). The call goes on in a daemon thread that then stays
-    parked for the life of the process: processes Ray starts may be bound to the thread that
-    started them (they are told to exit when it does)."""
-    done: Future[None] = Future()
-
-    def connect() -> None:
-        try:
-            ray.init(**kwargs)
-            done.set_result(None)
-        except BaseException as exc:  # handed to the caller below
-            done.set_exception(exc)
-            return
-        threading.Event().wait()  # parked: see above
-
-    threading.Thread(target=connect, name="zephon-ray-init", daemon=True).start()
+    run looked alive and made nothing). The call runs on :data:`_CONNECTOR`."""
+    done = _CONNECTOR.submit(functools.partial(ray.init, **kwargs))
     try:
         done.result(timeout)
     except TimeoutError:
@@ -249,6 +237,41 @@ def _init_within(kwargs: dict[str, Any], where: str, timeout: float) -> None:
         ) from None
     except Exception as exc:
         raise ConfigError(f"cannot start or connect to {where}: {exc}") from exc
+
+
+class _Connector:
+    """One daemon thread that makes every ``ray.init`` call of the process, for the life of
+    the process: a call that never returns must not keep the process from exiting (a
+    ``ThreadPoolExecutor``'s threads are joined at exit), processes Ray starts may be bound to
+    the thread that started them (told to exit when it does), and a thread per connection
+    would pile up over the ``Resume`` calls of a long-lived server."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, call: Callable[[], Any]) -> Future[Any]:
+        done: Future[Any] = Future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="zephon-ray-init", daemon=True
+                )
+                self._thread.start()
+        self._calls.put((call, done))
+        return done
+
+    def _serve(self) -> None:
+        while True:
+            call, done = self._calls.get()
+            try:
+                done.set_result(call())
+            except BaseException as exc:  # handed to the caller
+                done.set_exception(exc)
+
+
+_CONNECTOR = _Connector()
 
 
 SESSION = _Session()
