@@ -64,8 +64,9 @@ def unique_files(who: str, files: list[str]) -> list[str]:
     """``files`` (sorted) with every real file once: under its own path when that is listed,
     else under its first path; a warning counts the paths dropped."""
     paths: dict[str, list[str]] = {}
+    resolve = _RealPaths()
     for path in files:
-        paths.setdefault(os.path.realpath(path), []).append(path)
+        paths.setdefault(resolve(path), []).append(path)
     kept: list[str] = []
     dropped: list[tuple[str, str]] = []
     for real, group in paths.items():
@@ -83,3 +84,22 @@ def unique_files(who: str, files: list[str]) -> list[str]:
             same,
         )
     return sorted(kept)
+
+
+class _RealPaths:
+    """``os.path.realpath`` of many files, one directory's resolution shared by its files: a
+    file that is not a link is its real directory plus its name. Resolving each path whole
+    cost an ``lstat`` per path component per file (0.4 s for 10,000 shards, a fifth of a
+    warm start); this costs one ``lstat`` per file."""
+
+    def __init__(self) -> None:
+        self._dirs: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        if os.path.islink(path):
+            return os.path.realpath(path)
+        head, name = os.path.split(path)
+        found = self._dirs.get(head)
+        if found is None:
+            found = self._dirs[head] = os.path.realpath(head)
+        return os.path.join(found, name)
