@@ -61,8 +61,14 @@ class StopSignals:
         handler(signum)
 
     def hand_over(self, handler: Callable[[int], None]) -> None:
-        """From now on a signal calls ``handler(signum)`` instead of interrupting."""
+        """From now on a signal calls ``handler(signum)`` instead of interrupting. A signal
+        already received is handed over at once: its :class:`StartupInterrupted` can be lost
+        when it is raised where Python only prints exceptions (an import lock's weakref
+        callback, a ``__del__``), and the start-up then went on to serve, its stop forgotten
+        (a server that never exited)."""
         self._handler = handler
+        if self.received is not None:
+            handler(self.received)
 
     @contextlib.contextmanager
     def blocked(self) -> Iterator[None]:
