@@ -142,7 +142,7 @@ class Endpoint:
         self, address: str, *, tls: TLSConfig | None, options: Sequence[tuple[str, Any]]
     ) -> None:
         self.address = address
-        self._tls = tls
+        self.tls = tls
         self._options = tuple(options)
         self.channel = make_channel(address, tls=tls, options=options)
         self.stub = pb_grpc.DataServiceStub(self.channel)
@@ -153,7 +153,7 @@ class Endpoint:
     def stream_stub(self) -> pb_grpc.DataServiceStub:
         """The ``grpc.aio`` stub for streams (its channel is made on the first call)."""
         if self._stream_stub is None:
-            self._aio_channel = make_aio_channel(self.address, tls=self._tls, options=self._options)
+            self._aio_channel = make_aio_channel(self.address, tls=self.tls, options=self._options)
             self._stream_stub = pb_grpc.DataServiceStub(self._aio_channel)
         return self._stream_stub
 

@@ -70,6 +70,7 @@ import grpc
 from zephon_proto.v1 import data_service_pb2 as pb
 
 from .channel import DEFAULT_CHANNEL_OPTIONS, Endpoint, TLSConfig, auth_metadata
+from .connect_hint import diagnose_error
 from .errors import ZephonClientError
 from .identity import PipelineIdentity
 from .mapping import lanes_for_rank
@@ -699,17 +700,31 @@ class DataClient:
             except grpc.RpcError as error:
                 code = error.code() if callable(getattr(error, "code", None)) else None  # type: ignore[attr-defined]
                 remaining = deadline - time.monotonic()
-                if code != grpc.StatusCode.UNAVAILABLE or remaining <= 0 or self._closed.is_set():
+                why = diagnose_error(endpoint.address, endpoint.tls, error)
+                permanent = why is not None and why.permanent
+                if (
+                    code != grpc.StatusCode.UNAVAILABLE
+                    or permanent
+                    or remaining <= 0
+                    or self._closed.is_set()
+                ):
                     err = ZephonClientError.from_rpc_error(error, address=endpoint.address)
                     if code == grpc.StatusCode.UNAVAILABLE:
+                        gave_up = "not retried" if permanent else "gave up after"
+                        spent = "" if permanent else f" {self.reconnect_timeout:g} s"
+                        hint = f"; {why.hint}" if why is not None else ""
                         err = ZephonClientError(
                             code,
-                            f"{err.message} ({method}; gave up after {self.reconnect_timeout:g} s)",
+                            f"{err.message} ({method}; {gave_up}{spent}){hint}",
                             address=endpoint.address,
                         )
                     raise err from None
                 logger.warning(
-                    "%s on %s: UNAVAILABLE; retrying in %.1f s", method, endpoint.address, delay
+                    "%s on %s: UNAVAILABLE; retrying in %.1f s%s",
+                    method,
+                    endpoint.address,
+                    delay,
+                    f" ({why.hint})" if why is not None else "",
                 )
                 if self._closed.wait(min(delay, remaining)):
                     raise ZephonClientError(None, "the client is closed") from None

@@ -17,6 +17,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -28,6 +29,7 @@ from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
 from .channel import TLSConfig, auth_metadata, close_aio_channel, make_aio_channel, make_channel
+from .connect_hint import diagnose_error
 from .errors import ZephonClientError
 from .options import whole_number
 from .stream import LaneStream
@@ -59,11 +61,13 @@ def tail(
     verify: bool = True,
     max_chars: int | None = None,
     timeout: float | None = None,
+    wait: float = 0.0,
 ) -> int:
     """Print ``count`` batches of ``lane`` from ``start_seq`` (all until the end if ``None``).
 
     Returns the number of batches printed. ``max_chars`` truncates each decoded row;
-    ``timeout`` bounds the wait for each batch (seconds). Raises
+    ``timeout`` bounds the wait for each batch (seconds); ``wait`` is how long to wait for a
+    server that does not answer yet (starting up) before giving up (0: give up at once). Raises
     :class:`~zephon_client.errors.ZephonClientError` with the server's message when the call
     fails (e.g. ``OUT_OF_RANGE`` naming the reachable seqs).
     """
@@ -80,7 +84,7 @@ def tail(
     stream: LaneStream | None = None
     aio_channel: Any = None
     try:
-        info = _server_info(channel, address, timeout, metadata)
+        info = _server_info(channel, address, tls, timeout, wait, metadata)
         detokenize = _detokenizer(info.tokenizer) if decode else None
         aio_channel = make_aio_channel(address, tls=tls)
         stream = LaneStream(
@@ -104,13 +108,41 @@ def tail(
         channel.close()
 
 
-def _server_info(channel: Any, address: str, timeout: float | None, metadata: Any) -> Any:
-    """The server's ``GetInfo`` answer (:class:`ZephonClientError` when the call fails)."""
+def _server_info(
+    channel: Any,
+    address: str,
+    tls: TLSConfig | None,
+    timeout: float | None,
+    wait: float,
+    metadata: Any,
+) -> Any:
+    """The server's ``GetInfo`` answer, retried while it is unavailable for ``wait`` seconds
+    (:class:`ZephonClientError` naming the cause when known, when the call fails)."""
     stub = pb_grpc.DataServiceStub(channel)
-    try:
-        return stub.GetInfo(pb.GetInfoRequest(), timeout=timeout or 30.0, metadata=metadata)
-    except grpc.RpcError as error:
-        raise ZephonClientError.from_rpc_error(error, address=address) from None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return stub.GetInfo(pb.GetInfoRequest(), timeout=timeout or 30.0, metadata=metadata)
+        except grpc.RpcError as error:
+            why = diagnose_error(address, tls, error)
+            remaining = deadline - time.monotonic()
+            unavailable = error.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+            if unavailable and remaining > 0 and not (why is not None and why.permanent):
+                time.sleep(min(_WAIT_STEP_S, remaining))
+                continue
+            err = ZephonClientError.from_rpc_error(error, address=address)
+            if why is not None:
+                err = ZephonClientError(err.code, f"{err.message}; {why.hint}", address=address)
+            if unavailable and not wait and not (why is not None and why.permanent):
+                err = ZephonClientError(
+                    err.code,
+                    f"{err.message} (--wait SECONDS waits for a server that is starting)",
+                    address=address,
+                )
+            raise err from None
+
+
+_WAIT_STEP_S = 0.25  # between GetInfo attempts while waiting for a server to answer
 
 
 def _print_stream(
@@ -237,6 +269,52 @@ def _row_count(batch: DecodedBatch) -> int:
     return 0
 
 
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``zephon tail`` that say how to reach the server: TLS and the wait."""
+    parser.add_argument(
+        "--tls-ca", metavar="PEM", help="connect with TLS, trusting this CA certificate (PEM)"
+    )
+    parser.add_argument(
+        "--tls-cert", metavar="PEM", help="client certificate for mutual TLS (with --tls-key)"
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the client certificate's private key")
+    parser.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="check the server's certificate against NAME instead of the address's host",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for a server that does not answer yet (default 0: fail at "
+        "once); the token comes from $ZEPHON_AUTH_TOKEN",
+    )
+
+
+def connection_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``tail`` keyword arguments from :func:`add_connection_arguments`' flags."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ZephonClientError(None, "--tls-cert and --tls-key go together (mutual TLS)")
+    if args.wait < 0:
+        raise ZephonClientError(None, f"--wait must be >= 0 seconds, got {args.wait:g}")
+    tls = None
+    if any(v is not None for v in (args.tls_ca, args.tls_cert, args.tls_server_name)):
+        for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert)):
+            if path is not None and not os.path.isfile(path):
+                raise ZephonClientError(None, f"{flag} {path!r}: no such file")
+        if args.tls_key is not None and not os.path.isfile(args.tls_key):
+            raise ZephonClientError(None, f"--tls-key {args.tls_key!r}: no such file")
+        tls = TLSConfig(
+            root_certificates=args.tls_ca,
+            certificate_chain=args.tls_cert,
+            private_key=args.tls_key,
+            server_name_override=args.tls_server_name,
+        )
+    return {"tls": tls, "wait": args.wait}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``python -m zephon_client.tail ADDRESS LANE [-n N] [--start-seq S]``."""
     parser = argparse.ArgumentParser(prog="zephon tail", description=__doc__.splitlines()[0])
@@ -248,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-decode", action="store_true", help="print each batch's header line only, no text"
     )
     parser.add_argument("--max-chars", type=int, default=None)
+    add_connection_arguments(parser)
     args = parser.parse_args(argv)
     try:
         tail(
@@ -257,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             start_seq=args.start_seq,
             decode=not args.no_decode,
             max_chars=args.max_chars,
+            **connection_options(args),
         )
     except ZephonClientError as error:
         print(f"zephon tail: {error}", file=sys.stderr)

@@ -226,12 +226,12 @@ def cmd_sign_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     """Print batches of one lane from a running server, with the client package's
-    :func:`zephon_client.tail.tail`. The one place the server package uses the client, and
-    only when the command runs (an import-boundary test keeps it so): a server installed
+    :func:`zephon_client.tail.tail`. With its flags, the one place the server package uses the
+    client, and only when the command runs (an import-boundary test keeps it so): a server installed
     without the client still serves."""
     try:
         from zephon_client import ZephonClientError
-        from zephon_client.tail import tail
+        from zephon_client.tail import connection_options, tail
     except ImportError as exc:
         raise ZephonError(
             f"zephon tail needs the client package zephon_client ({exc}); install the "
@@ -245,11 +245,22 @@ def cmd_tail(args: argparse.Namespace) -> int:
             args.count or None,
             start_seq=args.start_seq,
             decode=not args.no_decode,
+            **connection_options(args),
         )
     except ZephonClientError as exc:
         print(f"zephon tail: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _tail_connection_arguments(p: argparse.ArgumentParser) -> None:
+    """``zephon tail``'s TLS and ``--wait`` flags, from the client package when installed
+    (a server installed without it still parses its other commands)."""
+    try:
+        from zephon_client.tail import add_connection_arguments
+    except ImportError:
+        return
+    add_connection_arguments(p)
 
 
 def checkpoint_key_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -264,8 +275,9 @@ def checkpoint_key_arg(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for every sub-command."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser for every sub-command; given the ``command`` being run, it imports
+    the client package (for ``tail``'s flags) only when that is ``tail``."""
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -305,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-decode", action="store_true", help="print each batch's header line only, no text"
     )
+    if command in (None, "tail"):  # the client is imported for tail alone (a serve's start-up)
+        _tail_connection_arguments(p)
     p.set_defaults(func=cmd_tail)
 
     p = sub.add_parser(
@@ -345,7 +359,7 @@ def main(argv: Sequence[str] | None = None, *, exec_argv: Sequence[str] | None =
 
             allocator = requested(words)
             _ensure_allocator(allocator, exec_argv, signals)
-        args = build_parser().parse_args(words)
+        args = build_parser(_command(words)).parse_args(words)
         if args.verbose:
             logging.getLogger().setLevel(logging.DEBUG)
         if args.command == "serve":

@@ -8,17 +8,29 @@ token. The scenario function returns its figures for ``tools/reliability_report.
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from zephon_client import DataClient
+from zephon_client import DataClient, TLSConfig
+from zephon_client.connect_hint import diagnose, probe_tls
 from zephon_client.errors import ZephonClientError
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
-from zephon_testing.scenarios.security import EXPECTED, TOKEN, make_pki, run_security_matrix
+from zephon_testing.scenarios.security import (
+    EXPECTED,
+    TOKEN,
+    make_pki,
+    run_security_matrix,
+    tls_server,
+    trusted,
+)
 from zephon_testing.servers import ServerProcess, write_config
 
 pytestmark = pytest.mark.service
@@ -96,3 +108,93 @@ def test_every_rpc_needs_the_token_and_the_message_says_how(config, monkeypatch)
     finally:
         channel.close()
         assert srv.terminate() == 0
+
+
+# --------------------------------------------------------------------------------------------
+# A connection that cannot work is named at once, with its fix
+# --------------------------------------------------------------------------------------------
+
+
+def _client_error(address: str, tls: TLSConfig | None) -> ZephonClientError:
+    with pytest.raises(ZephonClientError) as info:
+        DataClient(address, tls=tls, reconnect_timeout=60)
+    return info.value
+
+
+@pytest.mark.timeout(120)
+def test_a_tls_mismatch_fails_at_once_naming_the_fix(config, pki):
+    cfg, work = config
+    rogue = TLSConfig(root_certificates=pki["rogue_ca"])
+    wrong_name = TLSConfig(root_certificates=pki["ca"], server_name_override="elsewhere.example")
+    srv = tls_server(cfg, work, pki, mutual=True)
+    try:
+        # Each would otherwise be retried for the whole reconnect_timeout (60 s here; the
+        # test's timeout is shorter than their sum).
+        cases = {
+            "plaintext": (None, "speaks TLS and this client connects in plaintext"),
+            "no certificate": (trusted(pki), "requires a client certificate"),
+            "untrusted CA": (rogue, "not signed by a CA this client trusts"),
+            "wrong name": (wrong_name, "not issued for the name"),
+        }
+        for name, (tls, hint) in cases.items():
+            err = _client_error(srv.address, tls)
+            assert err.code == grpc.StatusCode.UNAVAILABLE, name
+            assert hint in err.message and "not retried" in err.message, (name, err.message)
+        with DataClient(srv.address, tls=trusted(pki, cert=True), reconnect_timeout=5) as client:
+            assert next(iter(client)).seq == 0
+    finally:
+        assert srv.terminate() == 0
+    srv = ServerProcess(["--config", str(cfg)], work)
+    try:
+        err = _client_error(srv.address, trusted(pki))
+        assert "does not speak TLS" in err.message and "not retried" in err.message, err.message
+    finally:
+        assert srv.terminate() == 0
+
+
+@pytest.mark.timeout(120)
+def test_zephon_tail_reaches_a_tls_server_and_names_a_missing_flag(config, pki):
+    cfg, work = config
+    srv = tls_server(cfg, work, pki, mutual=True)
+    try:
+        base = [sys.executable, "-m", "zephon_server.cli", "tail", "--address", srv.address]
+        base += ["--lane", "0", "--count", "1", "--no-decode"]
+        bare = subprocess.run(base, capture_output=True, text=True, timeout=60)
+        assert bare.returncode == 2 and "--tls-ca" in bare.stderr, bare.stderr
+        ca_only = subprocess.run(
+            [*base, "--tls-ca", str(pki["ca"])], capture_output=True, text=True, timeout=60
+        )
+        assert ca_only.returncode == 2 and "--tls-cert, --tls-key" in ca_only.stderr
+        mtls = [*base, "--tls-ca", str(pki["ca"]), "--tls-cert", str(pki["client_cert"])]
+        mtls += ["--tls-key", str(pki["client_key"])]
+        done = subprocess.run(mtls, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.startswith("lane 0 seq 0"), done.stderr
+    finally:
+        assert srv.terminate() == 0
+
+
+def _serve_once(reply: bytes) -> tuple[str, threading.Thread]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+
+    def answer() -> None:
+        with listener, listener.accept()[0] as conn:
+            conn.recv(4096)
+            conn.sendall(reply)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return address, thread
+
+
+def test_the_probe_tells_a_plaintext_server_and_an_unreachable_one():
+    address, thread = _serve_once(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" * 4)  # HTTP/2 bytes
+    assert probe_tls(address, timeout=5) == "plaintext"
+    thread.join(5)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        closed = f"127.0.0.1:{taken.getsockname()[1]}"
+    assert probe_tls(closed, timeout=5) is None
+    # A closed connection at a plaintext server is not blamed on TLS.
+    address, thread = _serve_once(b"")
+    assert diagnose(address, None, "Socket closed") is None
+    thread.join(5)

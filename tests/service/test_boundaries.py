@@ -30,3 +30,21 @@ def test_the_command_line_imports_no_client_and_no_engine_side_effect():
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
     )
     assert run.stdout.strip() == "clean", run.stderr
+
+
+def test_only_the_tail_command_imports_the_client_to_parse_its_flags():
+    probe = (
+        "import sys\n"
+        "from zephon_server.cli import build_parser\n"
+        "build_parser('serve').parse_args(['serve', '--config', 'p.yaml'])\n"
+        "assert 'zephon_client' not in sys.modules, 'client imported for serve'\n"
+        "args = build_parser('tail').parse_args(['tail', '--address', 'h:1', '--lane', '0',"
+        " '--tls-ca', 'ca.pem', '--wait', '5'])\n"
+        "assert (args.tls_ca, args.wait) == ('ca.pem', 5.0), args\n"
+        "print('ok')\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'server'}:{ROOT / 'client'}"}
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert run.stdout.strip() == "ok", run.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -102,6 +103,25 @@ def test_tail_prints_decoded_text(setup):
     assert "lane 3 seq 0" in res.stdout and "lane 3 seq 1" in res.stdout
     words = sum(w.isalpha() for w in res.stdout.split())
     assert words > 20  # byte tokens decoded back to text
+
+
+def test_tail_waits_for_a_server_that_is_starting_when_asked(setup):
+    cfg, work, _ = setup
+    with socket.socket() as probe:  # a free port for the server to come
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "zephon_server.cli", "tail", "--address", f"127.0.0.1:{port}"]
+    cmd += ["--lane", "1", "--count", "1", "--no-decode"]
+    at_once = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert at_once.returncode == 2
+    assert "nothing listens at" in at_once.stderr and "--wait SECONDS" in at_once.stderr
+    waiting = subprocess.Popen([*cmd, "--wait", "90"], stdout=subprocess.PIPE, text=True)
+    try:
+        with server(["--config", str(cfg), "--port", str(port)], work):
+            out, _ = waiting.communicate(timeout=90)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and out.startswith("lane 1 seq 0"), out
 
 
 def test_a_new_client_starts_where_a_closed_one_stopped(setup):
