@@ -317,6 +317,26 @@ def test_retry_budget_exhaustion_fails_or_skips_by_on_error(s3, tmp_path):
         assert batches == [] and dict(run.tombstones)[("a", "read_error")] == 40
 
 
+def test_a_refused_get_of_a_small_range_names_the_hidden_status(s3, tmp_path):
+    # The AccessDenied body is longer than the 31 bytes asked for: the SDK reports a stream
+    # failure, not the 403, so the message says what that can hide instead of "throttling".
+    bucket = new_bucket(s3)
+    s3.put(bucket, "small.jsonl", b'{"text": "a"}\n{"text": "bc"}\n')
+    with HttpFaultProxy(s3.port) as proxy:
+        spec = DatasetSpec(
+            "s", f"s3://{bucket}/small.jsonl", 1.0, storage_options=options(proxy.endpoint)
+        )
+        cache = ShardCache()
+        (info,) = resolve_datasets([spec], cache=cache)
+        proxy.clear()
+        proxy.fail(100, 403, "AccessDenied", methods=["GET"])
+        with pytest.raises(StorageRequestError) as failed:
+            cache.read_rows(info.shards[0], [1], "text")
+    text = str(failed.value)
+    assert "more bytes than asked" in text and "GET refused while HEAD succeeds" in text
+    assert "lower storage_options.max_concurrency" not in text
+
+
 def test_a_rewritten_object_is_shard_changed_never_read(s3, tmp_path):
     bucket = new_bucket(s3)
     for name, fmt_rows in [("a.jsonl", 30), ("b.jsonl.gz", 30)]:

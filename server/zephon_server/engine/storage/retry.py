@@ -73,7 +73,7 @@ class StorageRequestError(DataError):
         tries = f"after {attempts} attempts" if attempts > 1 else "on the first attempt"
         super().__init__(
             f"storage request failed: {operation} {url} {tries} ({outcome}); last answer: "
-            f"{last}{_fix(outcome, url)}"
+            f"{last}{_fix(outcome, url, last)}"
         )
 
     def __reduce__(self) -> tuple[type, tuple[str, str, int, str, str]]:
@@ -93,7 +93,20 @@ def is_gcs(url: str) -> bool:
     return url.split("://")[0].lower() in ("gs", "gcs")
 
 
-def _fix(outcome: str, url: str = "") -> str:
+#: What the AWS SDK says when an answer is longer than the range asked for: the error body of
+#: a refused GET of a few hundred bytes overflows the buffer of the range, which hides the
+#: status (a 403 or 404 then reads like a server failure, and is retried as one).
+_ANSWER_TOO_LONG = "Failed to flush response stream"
+
+
+def _fix(outcome: str, url: str = "", last: str = "") -> str:
+    if _ANSWER_TOO_LONG in last:
+        return (
+            " (the store answered a GET of a small range with more bytes than asked, which hides "
+            "the answer's status: throttling, or a GET refused while HEAD succeeds, e.g. "
+            "AccessDenied for an SSE-KMS object without kms:Decrypt or an archived object, or "
+            "an endpoint that ignores Range; check the object with `aws s3 cp URL -`)"
+        )
     if outcome == "denied" and is_gcs(url):
         return f" ({GCS_CREDENTIALS_FIX})"
     if outcome in RETRYABLE:
