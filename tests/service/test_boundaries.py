@@ -25,11 +25,7 @@ def test_the_command_line_imports_no_client_and_no_engine_side_effect():
         "assert gc.get_threshold() == t and gc.get_freeze_count() == 0\n"
         "print('clean')\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'server'}:{ROOT / 'client'}"}
-    run = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
-    )
-    assert run.stdout.strip() == "clean", run.stderr
+    assert run_probe(probe) == "clean"
 
 
 def test_only_the_tail_command_imports_the_client_to_parse_its_flags():
@@ -43,8 +39,14 @@ def test_only_the_tail_command_imports_the_client_to_parse_its_flags():
         "assert (args.tls_ca, args.wait) == ('ca.pem', 5.0), args\n"
         "print('ok')\n"
     )
+    assert run_probe(probe) == "ok"
+
+
+def run_probe(probe: str) -> str:
+    """What ``probe`` prints in a fresh interpreter that sees only the server and client."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'server'}:{ROOT / 'client'}"}
     run = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
     )
-    assert run.stdout.strip() == "ok", run.stderr
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
