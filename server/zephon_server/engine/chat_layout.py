@@ -411,19 +411,64 @@ class _Closing(NamedTuple):
 def end_of_turn(template: ChatTemplate) -> str:
     """The text that closes an assistant turn in ``template`` (``<|im_end|>`` in ChatML,
     ``<|eot_id|>`` in Llama 3): what it writes after the reply of a two-turn conversation,
-    without trailing newlines; "" when that probe fails or writes nothing. Computed once per
-    template."""
+    without the :func:`conversation_end` and trailing newlines; "" when that probe fails or
+    writes nothing. Computed once per template."""
     found = template.memo.get("end_of_turn")
     if found is None:
+        ended, _ = _after_reply(template)
+        found = _without_end(template, ended).rstrip("\n")
+        template.memo["end_of_turn"] = found
+    return str(found)
+
+
+def conversation_end(template: ChatTemplate) -> str:
+    """What ``template`` writes once after the last turn of a conversation that does not ask
+    for a generation (Phi-3's ``{% else %}{{ eos_token }}``), which a turn followed by another
+    one does not have: never part of the last turn's end of turn. "" for most templates
+    (ChatML, Llama 3, Qwen3 write nothing there). Computed once per template from two probes,
+    a reply that ends the conversation and one a user turn follows: the text the first has
+    after the reply and the second has not. Where they part inside a special token of the
+    tokenizer config (``<|endoftext|>`` against ``<|user|>``) the token is the end; else they
+    part after a newline; when neither, nothing is taken for the end."""
+    found = template.memo.get("conversation_end")
+    if found is None:
+        ended, followed = _after_reply(template)
+        found = "" if followed.startswith(ended) else _parting(template, ended, followed)
+        template.memo["conversation_end"] = found
+    return str(found)
+
+
+def _after_reply(template: ChatTemplate) -> tuple[str, str]:
+    """What the template writes after a reply that ends the conversation, and after one a
+    user turn follows (up to that turn's content); "" for a probe that fails."""
+    found = []
+    for after in ([], [{"role": "user", "content": "?"}]):
         probe = [{"role": "user", "content": "?"}, {"role": ASSISTANT, "content": MARKER}]
         try:
-            text = template.render(probe)
+            text = template.render([*probe, *after])
         except ChatTemplateError:
             text = ""
         at = text.find(MARKER)
-        found = text[at + len(MARKER) :].rstrip("\n") if at >= 0 else ""
-        template.memo["end_of_turn"] = found
-    return str(found)
+        found.append(text[at + len(MARKER) :] if at >= 0 else "")
+    return found[0], found[1]
+
+
+def _parting(template: ChatTemplate, ended: str, followed: str) -> str:
+    core = ended.rstrip("\n")
+    specials = [v for v in template.source.special_tokens.values() if isinstance(v, str) and v]
+    for token in sorted(specials, key=len, reverse=True):
+        if core.endswith(token) and followed.startswith(core[: -len(token)]):
+            return ended[len(core) - len(token) :]
+    shared = _common_prefix(ended, followed)
+    cut = shared.rfind("\n") + 1
+    return ended[cut:] if cut else ""
+
+
+def _without_end(template: ChatTemplate, text: str) -> str:
+    """``text`` (what follows a trained content up to the end of the rendering) without the
+    template's :func:`conversation_end`."""
+    end = conversation_end(template)
+    return text[: -len(end)] if end and text.endswith(end) else text
 
 
 def _layout(
@@ -449,9 +494,9 @@ def _layout(
         start, content_end = contents[i]
         start = starts.get(i, start)
         if i == last:  # the whole rendering's text after the content shows how the turn closes
-            end = content_end + len(full[content_end:].rstrip("\n"))
+            end = content_end + len(_without_end(closing.template, full[content_end:]).rstrip("\n"))
         else:
-            tail = closing.tail(i)
+            tail = _without_end(closing.template, closing.tail(i))
             found = _common_prefix(tail, full[content_end : content_end + len(tail)])
             end = content_end + len(found.rstrip("\n"))
         spans = [(start, end)]

@@ -89,8 +89,11 @@ FIXES = {
 #: field (``"tool_calls": null``) is left out, as Hugging Face leaves it out. 8: under
 #: ``train_on: all`` a turn that is not the model's trains its content and the end of turn it
 #: ends with, not the template text between them (Qwen's ``</tool_response>``), and its content
-#: may be written JSON-escaped (Llama 3's tool answers), where that was a chat_error.
-LAYOUT_VERSION = 8
+#: may be written JSON-escaped (Llama 3's tool answers), where that was a chat_error. 9: what
+#: a template writes once after the last turn (Phi-3's EOS when no generation is asked for) is
+#: part of no turn's end of turn, where it was trained with the last turn and an earlier turn's
+#: end of turn reached into the next turn's header.
+LAYOUT_VERSION = 9
 
 
 class RecordProblem(Exception):
