@@ -118,18 +118,20 @@ def cmd_index(args: argparse.Namespace) -> int:
     pruned = enforce(cache.index)
     if pruned is not None and pruned.bytes_removed:
         print(pruned.summary())
-    _check_text_columns(pipeline.datasets, report)
+    records = any(op.op_name == "render_chat" for op in pipeline.ops)
+    _check_text_columns(pipeline.datasets, report, records)
     return 0
 
 
-def _check_text_columns(specs: Sequence[DatasetSpec], report: BuildReport) -> None:
+def _check_text_columns(specs: Sequence[DatasetSpec], report: BuildReport, records: bool) -> None:
     """Say now what a server's start-up would refuse or skip: Parquet shards without the text
     column (:mod:`.engine.text_columns`; the index itself is complete either way)."""
     from .engine.text_columns import check_text_columns
 
     for spec, counted in zip(specs, report.counted):
         try:
-            check_text_columns(spec, [(p, n) for p, n, _ in counted], [c for _, _, c in counted])
+            shards = [(p, n) for p, n, _ in counted]
+            check_text_columns(spec, shards, [c for _, _, c in counted], records)
         except DataError as exc:
             print(
                 f"zephon index: warning: {exc}; a server with this config stops at start-up "

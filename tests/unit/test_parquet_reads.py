@@ -197,6 +197,33 @@ def test_view_column_sizes_come_from_their_buffers():
     assert value_sizes(column).tolist() == expected
 
 
+def test_list_and_struct_sizes_are_their_strings_plus_8_per_scalar_sliced_and_null():
+    def size(value: Any) -> int:
+        if value is None:
+            return 0
+        if isinstance(value, str):
+            return len(value.encode())
+        if isinstance(value, dict):
+            return sum(size(v) for v in value.values())
+        if isinstance(value, list):
+            return sum(size(v) for v in value)
+        return 8
+
+    messages = [
+        [{"role": "user", "content": "héllo", "weight": 1}],
+        None,
+        [],
+        [{"role": "assistant", "content": None, "weight": 0}, {"role": "user", "content": "x"}],
+        [{"role": "tool", "content": "y" * 30, "weight": None}],
+    ]
+    array = pa.array(messages)
+    column = pa.chunked_array([array.slice(1, 3), array.slice(4), array.slice(0, 1)])
+    expected = [size(m) for m in messages[1:4] + messages[4:] + messages[:1]]
+    assert value_sizes(column).tolist() == expected
+    structs = pa.array([{"a": "xy", "b": [1, 2]}, None, {"a": None, "b": []}])
+    assert value_sizes(pa.chunked_array([structs])).tolist() == [18, 0, 0]
+
+
 # ------------------------------------------------------------------ dictionary columns
 
 

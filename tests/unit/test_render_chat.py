@@ -608,6 +608,62 @@ def test_parquet_column_of_json_conversations(tmp_path, tok_dirs):
 
     parquet = rows(tmp_path / "pq", text_field="conversation")
     assert len(parquet) == 24 and parquet == rows(tmp_path / "js")
+    # Hugging Face's layout: messages as list<struct<role, content>>, read as it is.
+    write_parquet(
+        tmp_path / "hf" / "chat.parquet",
+        [{"messages": c["messages"], "id": i} for i, c in enumerate(convs)],
+        row_group_size=8,
+    )
+    assert rows(tmp_path / "hf", text_field="messages") == parquet
+
+
+def test_a_list_column_is_refused_at_start_up_without_render_chat(tmp_path):
+    from zephon_server.engine.corpus import write_parquet
+
+    convs = generate_conversations(4, seed=4)
+    write_parquet(tmp_path / "chat.parquet", [{"messages": c["messages"]} for c in convs])
+    data = {
+        "datasets": [
+            {"name": "chat", "path": str(tmp_path), "weight": 1.0, "text_field": "messages"}
+        ],
+        "pipeline": [{"tokenize": {"tokenizer": "byte"}}, {"batch": {}}],
+    }
+    pipe, execution = parse_config(data)
+    with pytest.raises(DataError) as refused:
+        pipe.plan(execution)
+    text = str(refused.value)
+    assert "no text column 'messages' (a string or binary column)" in text
+    assert "a list column is read by render_chat" in text
+
+
+def test_an_oversized_list_value_is_skipped_by_its_size_never_converted(tmp_path, tok_dirs):
+    from zephon_server.engine.corpus import write_parquet
+
+    long = {"role": "assistant", "content": "x" * 5000}
+    rows = [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]] * 3
+    rows.insert(1, [{"role": "user", "content": "q"}, long])
+    write_parquet(tmp_path / "chat.parquet", [{"messages": m} for m in rows])
+    data = {
+        "lanes": 1,
+        "datasets": [
+            {
+                "name": "chat",
+                "path": str(tmp_path),
+                "weight": 1.0,
+                "text_field": "messages",
+                "max_document_bytes": 4096,
+                "on_error": "skip",
+            }
+        ],
+        "pipeline": [
+            {"render_chat": {"tokenizer": tok_dirs["chatml"]}},
+            {"batch": {"microbatch_size": 1, "drop_last": False}},
+        ],
+    }
+    pipe, execution = parse_config(data)
+    run = pipe.run(execution)
+    got = sorted(row.doc.row for batch in run.batches() for row in batch.rows)
+    assert got == [0, 2, 3] and dict(run.tombstones)[("chat", "too_large")] == 1
 
 
 def test_byte_offsets_from_token_lengths_equal_the_tokenizers_offsets(tok_dirs):

@@ -190,8 +190,10 @@ def resolve_datasets(
     specs: Sequence[DatasetSpec],
     base_dir: str | os.PathLike[str] = ".",
     cache: ShardCache | None = None,
+    records: bool = False,
 ) -> list[DatasetInfo]:
-    """List and count the shards of every dataset, in order.
+    """List and count the shards of every dataset, in order. ``records``: the pipeline reads
+    whole records (``render_chat``), so a Parquet ``text_field`` may be a list or struct column.
 
     Raises :class:`ConfigError` for an empty list, duplicate names, a missing path, a path with
     no supported files, or a dataset with zero rows in total. Unreadable shards, and under
@@ -226,7 +228,7 @@ def resolve_datasets(
                 f"dataset {spec.name!r}: its {len(shards)} shard file(s) under {spec.path!r} "
                 "hold no rows (add data or remove the dataset)"
             )
-        check_text_columns(spec, [(s.path, s.num_rows) for s in shards], counts.columns)
+        check_text_columns(spec, [(s.path, s.num_rows) for s in shards], counts.columns, records)
         logger.info(
             "dataset %r: %d shards, %d rows, %d bytes (%s)",
             spec.name,

@@ -8,6 +8,11 @@ size again, plus the cache's copy): it is reported as oversized from its size al
 Whether a column is text is decided on its Arrow type *as a string* (:func:`text_type`), the
 form the shard index keeps (:data:`Columns`): the check at start-up from a catalog
 (:mod:`.text_columns`) and the one of every read (:func:`check_field`) are one rule.
+
+A pipeline that reads whole records (``render_chat``) also takes a list or struct column
+(``records``): Hugging Face's chat datasets keep ``messages`` as ``list<struct<role,
+content>>``. Such a value's size is the bytes of its strings plus 8 for every other scalar
+(:func:`nested_sizes`), also taken from the Arrow buffers.
 """
 
 from __future__ import annotations
@@ -24,6 +29,12 @@ Columns = tuple[tuple[str, str], ...]
 
 _TEXT_TYPES = frozenset(("string", "large_string", "string_view", "binary", "large_binary"))
 _DICTIONARY = re.compile(r"dictionary<values=(.*), indices=\w+, ordered=[01]>")
+_RECORD_TYPES = ("list<", "large_list<", "fixed_size_list<", "struct<")
+#: What a value of a column must be, in the words of the messages (by ``records``).
+EXPECTED = {
+    False: "a string or binary column",
+    True: "a string or binary column, or a list or struct column such as messages",
+}
 
 
 def plain(column: Any) -> Any:
@@ -42,11 +53,51 @@ def value_sizes(column: Any) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if record_type(str(column.type)):
+        return nested_sizes(column)
     try:
         return np.asarray(pc.binary_length(column).fill_null(0).to_numpy(), dtype=np.int64)
     except pa.ArrowNotImplementedError:  # string_view / binary_view columns
         sizes = [_view_sizes(chunk) for chunk in column.chunks]
         return np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+
+
+def nested_sizes(column: Any) -> np.ndarray:
+    """Bytes of each value of a list or struct column (chunked or not): its strings' bytes
+    plus 8 per other scalar, 0 for nulls; from the Arrow buffers, nothing converted."""
+    import pyarrow as pa
+
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    sizes = [_array_sizes(chunk) for chunk in chunks]
+    return np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+
+
+def _array_sizes(array: Any) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    typ = array.type
+    if pa.types.is_dictionary(typ):
+        return _array_sizes(array.cast(typ.value_type))
+    if pa.types.is_struct(typ):
+        total = np.zeros(len(array), dtype=np.int64)
+        for child in array.flatten():  # aligned with the rows, the struct's offset applied
+            total += _array_sizes(child)
+        if array.null_count:
+            total[array.is_null().to_numpy(zero_copy_only=False)] = 0
+        return total
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        values = array.flatten()  # the items of the non-null lists, in order
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        weights = _array_sizes(values).astype(np.float64)
+        found = np.bincount(parents, weights=weights, minlength=len(array))
+        return np.rint(found).astype(np.int64)
+    if text_type(str(typ)):
+        return np.asarray(pc.binary_length(array).fill_null(0).to_numpy(), dtype=np.int64)
+    sizes = np.full(len(array), 8, dtype=np.int64)
+    if array.null_count:
+        sizes[array.is_null().to_numpy(zero_copy_only=False)] = 0
+    return sizes
 
 
 def _view_sizes(chunk: Any) -> np.ndarray:
@@ -111,20 +162,32 @@ def text_type(type_name: str) -> bool:
     return (found.group(1) if found else type_name) in _TEXT_TYPES
 
 
+def record_type(type_name: str) -> bool:
+    """Whether an Arrow type (its string) is a list or struct: a value a pipeline reading
+    whole records (``render_chat``) takes as it is."""
+    return type_name.startswith(_RECORD_TYPES)
+
+
+def value_type(type_name: str, records: bool) -> bool:
+    """Whether a column of this type can be read: text, or with ``records`` a list or struct."""
+    return text_type(type_name) or (records and record_type(type_name))
+
+
 def column_type(columns: Columns, name: str) -> str | None:
     """The type (string) of column ``name`` of ``columns``, or None when there is none."""
     return next((typ for column, typ in columns if column == name), None)
 
 
-def is_text_column(columns: Columns, text_field: str) -> bool:
-    """Whether a file with ``columns`` has ``text_field`` as a column of text: what
-    :func:`check_field` accepts."""
+def is_text_column(columns: Columns, text_field: str, records: bool = False) -> bool:
+    """Whether a file with ``columns`` has ``text_field`` as a column of text (with
+    ``records``, or of lists or structs): what :func:`check_field` accepts."""
     typ = column_type(columns, text_field)
-    return typ is not None and text_type(typ)
+    return typ is not None and value_type(typ, records)
 
 
-def check_field(path: str, schema: Any, text_field: str) -> None:
-    """:class:`DataError` unless ``text_field`` is a column of text (:func:`text_type`)."""
+def check_field(path: str, schema: Any, text_field: str, records: bool = False) -> None:
+    """:class:`DataError` unless ``text_field`` is a column of text (:func:`text_type`), or
+    with ``records`` of lists or structs."""
     names = list(schema.names)
     if text_field not in names:
         raise DataError(
@@ -132,8 +195,10 @@ def check_field(path: str, schema: Any, text_field: str) -> None:
             "(set the dataset's text_field to one of them)"
         )
     typ = str(schema.field(names.index(text_field)).type)
-    if not text_type(typ):
+    if not value_type(typ, records):
+        hint = "" if records or not record_type(typ) else "; a chat dataset needs render_chat"
         raise DataError(
-            f"Parquet shard {path}: column {text_field!r} has type {typ}, expected a string "
-            "or binary column (set text_field to a text column)"
+            f"Parquet shard {path}: column {text_field!r} has type {typ}, expected "
+            f"{EXPECTED[records]} (set text_field to "
+            f"{'such a column' if records else 'a text column'}{hint})"
         )

@@ -130,11 +130,12 @@ def _check_chain(ops: list[Operator]) -> list[Operator]:
             "add e.g. '- tokenize: {tokenizer: byte}' before 'batch' (or 'render_chat' for "
             "chat data)"
         )
-    if any(isinstance(op, RenderChat) for op in ops):
+    records = any(isinstance(op, RenderChat) for op in ops)
+    if records:
         _check_chat_chain(ops)
     elif not isinstance(ops[0], DecodeText):
         ops = [DecodeText(), *ops]
-    return [Fetch(), *ops[:-1], ReplayFilter(), ops[-1]]
+    return [Fetch(records=records), *ops[:-1], ReplayFilter(), ops[-1]]
 
 
 def _check_chat_chain(ops: list[Operator]) -> None:
@@ -164,7 +165,12 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     )
     cache = cache_for(index)
     writes = cache.index.writes + cache.index.catalog_writes
-    datasets = resolve_datasets(pipeline.datasets, base_dir=pipeline.base_dir, cache=cache)
+    datasets = resolve_datasets(
+        pipeline.datasets,
+        base_dir=pipeline.base_dir,
+        cache=cache,
+        records=any(isinstance(op, RenderChat) for op in ops),
+    )
     if cache.index.writes + cache.index.catalog_writes != writes:
         enforce(cache.index)  # only a start that wrote can have grown the directory
     tokenizers = [op for op in ops if isinstance(op, TOKENIZING)]

@@ -289,11 +289,14 @@ class ShardCache:
         rows: Sequence[int],
         text_field: str,
         max_document_bytes: int | None = None,
+        *,
+        records: bool = False,
     ) -> list[Row]:
         """Rows ``rows`` of ``shard`` in the requested order (duplicates allowed).
 
         JSONL formats return raw line bytes and ignore ``text_field``; Parquet returns the
-        values of column ``text_field``. A row longer than ``max_document_bytes`` is returned
+        values of column ``text_field`` (with ``records``, a list or struct column's too, as
+        Python lists and dicts). A row longer than ``max_document_bytes`` is returned
         as :class:`Oversized` (a plain JSONL one is never read), a row of a Parquet row group
         that cannot be read as :class:`~.parquet_rows.Unreadable`. Raises :class:`DataError`
         for unreadable files, a missing column or out-of-range rows, and
@@ -321,7 +324,7 @@ class ShardCache:
                 ]
         if shard.format == PARQUET:
             return self._read_parquet(
-                shard.path, idx, text_field, shard.identity, max_document_bytes
+                shard.path, idx, (text_field, records), shard.identity, max_document_bytes
             )
         raise DataError(
             f"shard {shard.path}: unknown format {shard.format!r}; supported: {FORMATS}"
@@ -687,10 +690,16 @@ class ShardCache:
         return meta
 
     def _read_parquet(
-        self, path: str, idx: np.ndarray, text_field: str, identity: str, limit: int | None
+        self,
+        path: str,
+        idx: np.ndarray,
+        field: tuple[str, bool],
+        identity: str,
+        limit: int | None,
     ) -> list[Row]:
+        text_field, records = field
         md, bounds, schema = self._parquet_meta(path, identity)
-        _check_field(path, schema, text_field)
+        _check_field(path, schema, text_field, records)
         _check_rows(path, idx, int(bounds[-1]))
         groups = np.searchsorted(bounds, idx, side="right") - 1
         out: list[Row] = [None] * len(idx)

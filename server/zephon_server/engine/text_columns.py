@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .errors import DataError
-from .parquet_columns import Columns, is_text_column
+from .parquet_columns import EXPECTED, Columns, column_type, is_text_column, record_type
 
 if TYPE_CHECKING:
     from .datasets import DatasetSpec
@@ -40,19 +40,23 @@ FIX = "set the dataset's text_field to the column holding the text, or fix or re
 
 
 def check_text_columns(
-    spec: DatasetSpec, shards: Sequence[tuple[str, int]], columns: Sequence[Columns | None]
+    spec: DatasetSpec,
+    shards: Sequence[tuple[str, int]],
+    columns: Sequence[Columns | None],
+    records: bool = False,
 ) -> None:
     """Check that every Parquet shard (``columns`` not None) with rows has ``spec``'s
-    ``text_field`` as a column of text; ``shards``: each shard's (path, rows). See the module
-    docstring for what happens when not."""
+    ``text_field`` as a column of text (with ``records``, for ``render_chat``, or of lists or
+    structs); ``shards``: each shard's (path, rows). See the module docstring for what
+    happens when not."""
     lacking = [
         (shard, cols)
         for shard, cols in zip(shards, columns)
-        if cols is not None and shard[1] and not is_text_column(cols, spec.text_field)
+        if cols is not None and shard[1] and not is_text_column(cols, spec.text_field, records)
     ]
     if not lacking:
         return
-    problem = _describe(spec, lacking, sum(c is not None for c in columns))
+    problem = _describe(spec, lacking, sum(c is not None for c in columns), records)
     if spec.on_error == "fail":
         raise DataError(f"{problem}; {FIX}")
     logger.warning(
@@ -63,16 +67,25 @@ def check_text_columns(
 
 
 def _describe(
-    spec: DatasetSpec, lacking: list[tuple[tuple[str, int], Columns]], parquet: int
+    spec: DatasetSpec,
+    lacking: list[tuple[tuple[str, int], Columns]],
+    parquet: int,
+    records: bool,
 ) -> str:
     """Which shards lack the column and what the first one has."""
     (first, _), cols = lacking[0]
     rows = sum(n for (_, n), _ in lacking)
+    typ = column_type(cols, spec.text_field) or ""
+    chat = record_type(typ) and not records
     return (
         f"dataset {spec.name!r}: {len(lacking)} of its {parquet} Parquet shards ({rows} rows) "
-        f"{'has' if len(lacking) == 1 else 'have'} no text column {spec.text_field!r} (a "
-        f"string or binary column); the first is {first}, whose columns are "
-        f"{_named(cols)}"
+        f"{'has' if len(lacking) == 1 else 'have'} no text column {spec.text_field!r} "
+        f"({EXPECTED[records]}); the first is {first}, whose columns are {_named(cols)}"
+        + (
+            f" (a {typ.split('<')[0]} column is read by render_chat, for chat records)"
+            if chat
+            else ""
+        )
     )
 
 

@@ -38,6 +38,12 @@ class Fetch(Operator):
     # reordering) better than 64 (docs/decisions.md, "Fusion", has the measurement).
     default_microbatch_size = 256
 
+    def __init__(self, *, records: bool = False) -> None:
+        super().__init__()
+        #: The next operator reads whole records (``render_chat``): a Parquet text_field may
+        #: be a list or struct column (chat datasets' ``messages``), handed over as it is.
+        self.records = records
+
     def traits(self) -> OpTraits:
         # Records leave in input order; count-based grouping: fusable with its neighbours.
         return OpTraits(preserves_cursor_order=True, fusable=True)
@@ -62,7 +68,9 @@ class Fetch(Operator):
             rows = [elems[i].meta.doc.row for i in positions]
             limit = info.spec.max_document_bytes
             try:
-                values = self._cache.read_rows(shard, rows, info.spec.text_field, limit)
+                values = self._cache.read_rows(
+                    shard, rows, info.spec.text_field, limit, records=self.records
+                )
             except DataError as exc:
                 if info.spec.on_error != "skip" or isinstance(exc, ShardChanged):
                     raise  # a changed file is other data, not a bad record: never skipped
