@@ -144,6 +144,56 @@ def test_repetition_and_powers_are_bounded_before_they_are_computed():
     )
 
 
+GROW = "{% set ns = namespace(v=START) %}{% for i in range(40) %}{% set ns.v = STEP %}{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    ("start", "step"),
+    [
+        ("[1]", "ns.v + ns.v"),  # a list doubled 40 times: 2**40 items, no output at all
+        ("'ab'", "ns.v + ns.v"),
+        ("'ab'", "ns.v ~ ns.v"),
+        ("'ab'", "ns.v.replace('a', ns.v)"),
+        ("'ab'", "ns.v | replace('a', ns.v)"),
+        ("'ab'", "ns.v.join([ns.v, ns.v, 'x'])"),
+        ("'ab'", "[ns.v, ns.v] | join(ns.v)"),
+    ],
+    ids=["list+", "str+", "str~", "str.replace", "|replace", "str.join", "|join"],
+)
+def test_values_grown_without_output_go_over_the_output_budget(start, step):
+    fails(GROW.replace("START", start).replace("STEP", step), "more than its output budget")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{{ 'x'.center(10 ** 12) }}",
+        "{{ 'x' | center(10 ** 12) }}",
+        "{{ 'x'.ljust(10 ** 12) }}",
+        "{{ 'x\\ny' | indent(10 ** 12) }}",
+        "{{ '%1000000000000d' % 1 }}",
+        "{{ '{:>1000000000000}'.format(1) }}",
+        "{{ '\\t'.expandtabs(10 ** 12) }}",
+        "{{ ''.replace('', 'x' * 100000) * 1 }}{{ ('y' * 1000).replace('', 'x' * 100000) }}",
+    ],
+)
+def test_widths_are_refused_before_the_value_is_made(text):
+    fails(text, "more than its output budget")
+
+
+def test_a_huge_json_indent_is_refused():
+    fails("{{ messages | tojson(indent=100000000) }}", "an indent of 100000000")
+
+
+def test_ordinary_joins_and_pads_are_untouched():
+    text = (
+        "{{ 'a' ~ 'b' ~ 1 }} {{ 'x' + 'y' }} {{ [1] + [2] }} {{ '%03d' % 7 }} "
+        "{{ 'ab'.center(6, '.') }} {{ ['a', 'b'] | join(', ') }} {{ 'a b' | replace(' ', '_') }}"
+        " {{ '{:>4}'.format('z') }} {{ messages[0] | tojson(indent=2) | length > 0 }}"
+    )
+    assert template(text).render(CONV) == "ab1 xy [1, 2] 007 ..ab.. a, b a_b    z True"
+
+
 def test_a_loop_that_breaks_early_is_not_charged_for_what_it_skipped():
     # 12 loops over 100000 numbers, each leaving at once: far under the budget.
     text = (

@@ -22,7 +22,13 @@ conversation, and the template is rewritten once, before it is compiled (:func:`
   character of the conversation), counting as the render generator yields;
 * ``*`` and ``**`` go through the environment (:func:`bounded_binop`): a repeated sequence or
   a power may not outgrow the output budget or :data:`MAX_INT_BITS` (they are not folded at
-  compile time either, so ``2 ** 1000000000000`` cannot hang the compiler).
+  compile time either, so ``2 ** 1000000000000`` cannot hang the compiler);
+* no value may outgrow the output budget either, however it is made (``+`` on strings or
+  lists, ``~``, ``%`` and ``format`` widths, ``center``/``ljust``/``replace``/``join`` and the
+  filters that pad, indent or join): a template that doubles a list in a loop of 30 steps
+  needs no output to fill memory. Where an operation's result size follows from its inputs it
+  is checked before it runs (:func:`grown_size`); every result is measured after it. Values
+  under :data:`OUTPUT_BASE` characters, all a real template makes, pass on one comparison.
 
 The counting helpers are filters whose names no template can write (they contain a space), so
 a template can neither call nor shadow them; they are called directly by the compiled code
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -60,11 +67,12 @@ BUDGET_KEY = "zephon render budget"
 #: Iterables a loop is charged for in full when it starts, if the budget has room for them all
 #: (else element by element, so that only iterations actually run can exhaust the budget).
 _SIZED = frozenset([list, tuple, dict, str])
-_COUNT, _STEP, _ENTER, _LEAVE = (
+_COUNT, _STEP, _ENTER, _LEAVE, _JOIN = (
     "zephon count",
     "zephon step",
     "zephon enter",
     "zephon leave",
+    "zephon join",
 )
 FIX = "the template is the problem: fix it, or give render_chat: {template: PATH} a template file"
 
@@ -209,7 +217,44 @@ def _filters() -> dict[str, Any]:
         _budget(context).depth -= 1
         return value
 
-    return {_COUNT: count, _STEP: step, _ENTER: enter, _LEAVE: leave}
+    @pass_context
+    def join(context: Any, items: list[Any]) -> Any:
+        from jinja2.runtime import markup_join, str_join
+
+        joined = markup_join(items) if context.eval_ctx.autoescape else str_join(items)
+        return checked(context, joined, "joins values with '~' into a text")
+
+    return {_COUNT: count, _STEP: step, _ENTER: enter, _LEAVE: leave, _JOIN: join}
+
+
+def bounded_filters(filters: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`GROWING_FILTERS` of ``filters``, each checking its result's size (before
+    it runs where its arguments tell, :func:`grown_size`; after it always)."""
+    import functools
+
+    from jinja2.utils import _PassArg
+
+    def bounded(name: str, func: Any) -> Any:
+        kind = _PassArg.from_obj(func)
+        what = f"makes with {name!r} a value"
+
+        @functools.wraps(func)
+        def run(context: Any, *args: Any, **kwargs: Any) -> Any:
+            check_size(context, grown_size(name, args[0], args[1:], kwargs), what)
+            if kind is _PassArg.context:
+                result = func(context, *args, **kwargs)
+            elif kind is _PassArg.eval_context:
+                result = func(context.eval_ctx, *args, **kwargs)
+            elif kind is _PassArg.environment:
+                result = func(context.environment, *args, **kwargs)
+            else:
+                result = func(*args, **kwargs)
+            return checked(context, result, what)
+
+        run.jinja_pass_arg = _PassArg.context  # type: ignore[attr-defined]
+        return run
+
+    return {name: bounded(name, filters[name]) for name in GROWING_FILTERS if name in filters}
 
 
 def _call(arg: Any, name: str, lineno: int) -> Any:
@@ -225,6 +270,10 @@ def instrument(env: Any, ast: Any) -> Any:
     from jinja2 import nodes
 
     env.filters.update(_filters())
+    env.filters.update(bounded_filters(env.filters))
+    for concat in list(ast.find_all(nodes.Concat)):  # ``a ~ b``: joined by a checking filter
+        joined = _call(nodes.List(concat.nodes, lineno=concat.lineno), _JOIN, concat.lineno)
+        concat.nodes = [joined]
     for loop in list(ast.find_all(nodes.For)):
         if loop.recursive:
             tick = _call(nodes.Const(True), _STEP, loop.lineno)
@@ -240,13 +289,82 @@ def instrument(env: Any, ast: Any) -> Any:
 
 
 #: The binary operators :func:`bounded_binop` checks.
-BOUNDED_BINOPS = frozenset(["*", "**"])
+BOUNDED_BINOPS = frozenset(["*", "**", "+", "%"])
+_SEQUENCES = (str, list, tuple)
+#: Filters whose result may be far larger than their input (widths, separators, indents).
+#: (``tojson``'s ``indent`` is bounded by the chat ``tojson`` itself: :data:`MAX_JSON_INDENT`.)
+GROWING_FILTERS = ("center", "indent", "format", "replace", "join", "wordwrap")
+#: ``str`` methods whose result may be far larger than the string (:func:`grown_size`).
+GROWING_METHODS = frozenset(
+    ["center", "ljust", "rjust", "zfill", "expandtabs", "replace", "join", "format", "format_map"]
+)
+#: Largest ``indent`` of the chat ``tojson`` filter (real templates use 2 or 4).
+MAX_JSON_INDENT = 64
+_WIDE_NUMBER = re.compile(r"\d{7,}")  # a width of a million or more in a format string
+
+
+def check_size(context: Any, size: int, what: str) -> None:
+    """Refuse a value of ``size`` characters (or items) over the render's output budget:
+    ``what`` says how the template made it."""
+    if size > OUTPUT_BASE:
+        limit = _budget(context).output_limit()
+        if size > limit:
+            raise BudgetExceeded(
+                f"the chat template {what} of {size} characters, more than its output budget "
+                f"of {limit} characters; {FIX}"
+            )
+
+
+def checked(context: Any, result: Any, what: str) -> Any:
+    """``result``, unless it is a string, list or tuple over the output budget."""
+    if type(result) in _SEQUENCES:
+        check_size(context, len(result), what)
+    return result
+
+
+def grown_size(name: str, value: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    """An upper bound of the size of ``value.name(*args)`` (a ``str`` method, or the filter
+    of that name applied to ``value``), from its inputs; 0 when it cannot grow much."""
+    if not isinstance(value, str):
+        if name == "join" and isinstance(value, (list, tuple)):
+            sep = args[0] if args and isinstance(args[0], str) else kwargs.get("d", "")
+            return _joined(sep, value)
+        return 0
+    widths = [a for a in (*args, *kwargs.values()) if type(a) is int]
+    if name in ("center", "ljust", "rjust", "zfill", "indent", "wordwrap"):
+        lines = value.count("\n") + 1 if name in ("indent", "wordwrap") else 1
+        return len(value) + lines * max(widths, default=0)
+    if name == "expandtabs":
+        return len(value) + value.count("\t") * max(widths, default=8)
+    if name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
+        old, new = args[0], args[1]
+        found = value.count(old) if old else len(value) + 1
+        return len(value) + found * max(0, len(new) - len(old))
+    if name == "join":
+        return _joined(value, args[0]) if args and isinstance(args[0], (list, tuple)) else 0
+    if name in ("format", "format_map"):
+        return max((int(w) for w in _WIDE_NUMBER.findall(value)), default=0)
+    return 0
+
+
+def _joined(sep: str, items: Sequence[Any]) -> int:
+    return len(sep) * max(0, len(items) - 1) + sum(len(x) for x in items if isinstance(x, str))
 
 
 def bounded_binop(context: Any, operator: str, left: Any, right: Any) -> Any:
-    """``left * right`` or ``left ** right``, refused (:class:`BudgetExceeded`) when the
-    result would be a sequence longer than the output budget or an integer over
-    :data:`MAX_INT_BITS` bits: computing it could take all memory or never end."""
+    """``left * right``, ``left ** right``, ``left + right`` or ``left % right``, refused
+    (:class:`BudgetExceeded`) when the result would be a sequence longer than the output
+    budget or an integer over :data:`MAX_INT_BITS` bits: computing it could take all memory
+    or never end."""
+    if operator == "+":
+        if isinstance(left, _SEQUENCES) and isinstance(right, _SEQUENCES):
+            check_size(context, len(left) + len(right), "joins values with '+' into one")
+        return left + right
+    if operator == "%":
+        if isinstance(left, str):
+            check_size(context, grown_size("format", left, (), {}), "pads a value with '%' to")
+            return checked(context, left % right, "formats with '%' a text")
+        return left % right
     if operator == "*":
         for seq, times in ((left, right), (right, left)):
             if isinstance(seq, (str, list, tuple)) and isinstance(times, int):

@@ -188,6 +188,11 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     seps = (str(separators[0]), str(separators[1])) if separators is not None else None
+    if indent is not None and not 0 <= int(indent) <= chat_budget.MAX_JSON_INDENT:
+        raise chat_budget.BudgetExceeded(
+            f"the chat template asks tojson for an indent of {indent}, more than "
+            f"{chat_budget.MAX_JSON_INDENT}; {chat_budget.FIX}"
+        )
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=seps, sort_keys=sort_keys
     )
@@ -217,6 +222,8 @@ def _generation_extension() -> type:
 
 
 _DICT_ATTRIBUTES = frozenset(dir(dict))
+_SEQUENCES = (str, list, tuple)
+
 #: ``str`` methods templates call (``content.strip()``, ``content.split('</think>')``): pure
 #: functions of an immutable value. ``format``/``format_map`` are not here: the sandbox guards
 #: those when they are called.
@@ -300,7 +307,24 @@ def environment_class() -> type:
             )
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "+" and type(left) is str and type(right) is str:
+                if len(left) + len(right) > chat_budget.OUTPUT_BASE:  # else: the common case
+                    chat_budget.check_size(context, len(left) + len(right), "joins with '+'")
+                return left + right
             return chat_budget.bounded_binop(context, operator, left, right)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            """A sandboxed call whose result may not outgrow the render's output budget
+            (a ``str`` method that can grow is checked before it runs, from its arguments)."""
+            method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
+            name = getattr(method, "__name__", None)
+            if name in chat_budget.GROWING_METHODS and type(method.__self__) is str:
+                size = chat_budget.grown_size(name, method.__self__, args, kwargs)
+                chat_budget.check_size(__context, size, f"makes with {name!r} a text")
+            result = super().call(__context, __obj, *args, **kwargs)
+            if type(result) in _SEQUENCES and len(result) > chat_budget.OUTPUT_BASE:
+                chat_budget.check_size(__context, len(result), "makes with a call a value")
+            return result
 
         def getattr(self, obj: Any, attribute: str) -> Any:
             kind = type(obj)
