@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 import socket
 import ssl
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 PROBE_TIMEOUT_S = 2.0
@@ -24,7 +26,7 @@ PROBE_TIMEOUT_S = 2.0
 _PLAINTEXT_SERVER = re.compile(r"WRONG_VERSION_NUMBER|HTTP_REQUEST|UNKNOWN_PROTOCOL")
 _UNTRUSTED = re.compile(r"CERTIFICATE_VERIFY_FAILED|unable to get local issuer|self.signed")
 _WRONG_NAME = re.compile(r"Hostname Verification|Peer name .* is not in peer certificate")
-_CLOSED = re.compile(r"Socket closed|Connection reset by peer")
+_CLOSED = re.compile(r"Socket closed")  # (a reset mid-call is a network blip: not probed)
 _REFUSED = re.compile(r"Connection refused")
 
 
@@ -75,7 +77,9 @@ def _after_closed(address: str, tls: Any) -> Diagnosis | None:
     """The server closed the connection: ask it with a TLS handshake of our own whether it
     speaks TLS and whether it requires a client certificate."""
     answer = probe_tls(address)
-    if answer == "tls" and tls is None:
+    if answer is None or (answer == "tls" and tls is not None):
+        return None
+    if answer == "tls":
         return Diagnosis(
             f"the server at {address} speaks TLS and this client connects in plaintext: pass "
             "tls=TLSConfig(root_certificates=CA_PEM) (zephon tail: --tls-ca CA_PEM)",
@@ -97,25 +101,47 @@ def _after_closed(address: str, tls: Any) -> Diagnosis | None:
                 "by the CA the server trusts (zephon tail: --tls-cert, --tls-key)",
                 permanent=True,
             )
-        return Diagnosis(
-            f"the server at {address} does not accept this client's certificate (mutual "
-            "TLS): use a certificate signed by the CA given to the server as --tls-client-ca",
-            permanent=True,
-        )
+        # The client has one: ask again presenting it. Accepted, the failure was something
+        # else (a blip): retried as before.
+        if probe_tls(address, certificate=_pem_pair(tls)) == "client certificate required":
+            return Diagnosis(
+                f"the server at {address} does not accept this client's certificate (mutual "
+                "TLS): use a certificate signed by the CA given to the server as "
+                "--tls-client-ca",
+                permanent=True,
+            )
     return None
 
 
-def probe_tls(address: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+def _pem_pair(tls: Any) -> tuple[bytes, bytes] | None:
+    """The client certificate chain and key of ``tls`` as PEM bytes (None if unreadable)."""
+    try:
+        return tuple(  # type: ignore[return-value]
+            v if isinstance(v, bytes) else Path(v).read_bytes()
+            for v in (tls.certificate_chain, tls.private_key)
+        )
+    except OSError:
+        return None
+
+
+def probe_tls(
+    address: str,
+    timeout: float = PROBE_TIMEOUT_S,
+    certificate: tuple[bytes, bytes] | None = None,
+) -> str | None:
     """``"tls"`` when ``address`` completes a TLS handshake and starts HTTP/2,
     ``"client certificate required"`` when it completes the handshake and then closes (a
-    mutual-TLS server given no certificate), ``"plaintext"`` when it does not speak TLS, and
-    ``None`` when it cannot be reached or answers otherwise. Nothing is sent but the
-    handshake, and no certificate is checked: only the protocol is asked."""
+    mutual-TLS server given no certificate, or one it does not accept: ``certificate`` is the
+    PEM chain and key to present), ``"plaintext"`` when it does not speak TLS, and ``None``
+    when it cannot be reached or answers otherwise. Nothing is sent but the handshake, and no
+    server certificate is checked: only the protocol is asked."""
     host, _, port = address.rpartition(":")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     context.set_alpn_protocols(["h2"])
+    if certificate is not None and not _load_certificate(context, certificate):
+        return None
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw:
             raw.settimeout(timeout)
@@ -142,3 +168,18 @@ def diagnose_error(address: str, tls: Any, error: Any) -> Diagnosis | None:
         return None
     details = error.details() if callable(getattr(error, "details", None)) else None
     return diagnose(address, tls, details or str(error))
+
+
+def _load_certificate(context: ssl.SSLContext, certificate: tuple[bytes, bytes]) -> bool:
+    """Load the PEM ``certificate`` (chain, key) into ``context`` (``ssl`` reads files only:
+    a private temporary directory holds them for the call)."""
+    with tempfile.TemporaryDirectory(prefix="zephon-probe-") as directory:
+        chain, key = Path(directory, "chain.pem"), Path(directory, "key.pem")
+        for path, data in ((chain, certificate[0]), (key, certificate[1])):
+            path.touch(mode=0o600)
+            path.write_bytes(data)
+        try:
+            context.load_cert_chain(chain, key)
+        except (ssl.SSLError, OSError, ValueError):
+            return False
+    return True

@@ -126,8 +126,16 @@ def test_a_tls_mismatch_fails_at_once_naming_the_fix(config, pki):
     cfg, work = config
     rogue = TLSConfig(root_certificates=pki["rogue_ca"])
     wrong_name = TLSConfig(root_certificates=pki["ca"], server_name_override="elsewhere.example")
+    rogue_cert = TLSConfig(
+        root_certificates=pki["ca"],
+        certificate_chain=pki["rogue_client_cert"],
+        private_key=pki["rogue_client_key"],
+    )
     srv = tls_server(cfg, work, pki, mutual=True)
     try:
+        # A client whose certificate the server accepts is never told otherwise: a reset or
+        # closed connection of a blip stays a retried UNAVAILABLE.
+        assert diagnose(srv.address, trusted(pki, cert=True), "Socket closed") is None
         # Each would otherwise be retried for the whole reconnect_timeout (60 s here; the
         # test's timeout is shorter than their sum).
         cases = {
@@ -135,6 +143,7 @@ def test_a_tls_mismatch_fails_at_once_naming_the_fix(config, pki):
             "no certificate": (trusted(pki), "requires a client certificate"),
             "untrusted CA": (rogue, "not signed by a CA this client trusts"),
             "wrong name": (wrong_name, "not issued for the name"),
+            "untrusted client certificate": (rogue_cert, "does not accept this client's"),
         }
         for name, (tls, hint) in cases.items():
             err = _client_error(srv.address, tls)
