@@ -2,8 +2,11 @@
 
     python examples/demo_trainer.py --address localhost:50051 --rank 0 --world-size 1
 
-Each rank reads its own lanes; every ``--checkpoint-every`` steps it asks the server to
-checkpoint the positions it has consumed, so a restarted job resumes exactly there.
+Each rank reads its own lanes. A single rank checkpoints every ``--checkpoint-every`` steps:
+it marks the batch it just trained on as consumed, then asks the server to checkpoint, so a
+restarted job resumes exactly after it. Several ranks must merge their positions before one of
+them checkpoints (a collective, docs/trainer-integration.md), which this demo has no means for:
+with ``--world-size`` above 1 it does not checkpoint.
 """
 
 from __future__ import annotations
@@ -24,8 +27,17 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--steps", type=int, default=100, help="batches to consume")
-    parser.add_argument("--checkpoint-every", type=int, default=50, help="0: never")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=None, help="0: never (default 50, one rank)"
+    )
     args = parser.parse_args()
+    if args.world_size > 1 and args.checkpoint_every:
+        parser.error(
+            "--checkpoint-every with --world-size > 1: the ranks' positions must be merged "
+            "before a checkpoint (docs/trainer-integration.md), which this demo cannot do"
+        )
+    if args.checkpoint_every is None:
+        args.checkpoint_every = 50 if args.world_size == 1 else 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     start, tokens = time.monotonic(), 0
@@ -42,6 +54,7 @@ def main() -> None:
                     "step %d (lane %d seq %d): %.0f tokens/s", step, batch.lane, batch.seq, rate
                 )
             if args.checkpoint_every and step % args.checkpoint_every == 0:
+                client.mark_consumed()  # the batch just trained on is part of the position
                 client.checkpoint(tag=f"step-{step}")  # logs its id and per-lane positions
             if step >= args.steps:
                 break

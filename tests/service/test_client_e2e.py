@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,28 @@ def test_tail_waits_for_a_server_that_is_starting_when_asked(setup):
     finally:
         waiting.kill()
     assert waiting.returncode == 0 and out.startswith("lane 1 seq 0"), out
+
+
+def test_the_demo_trainer_checkpoints_what_it_trained_on(setup):
+    cfg, work, _ = setup
+    demo = [sys.executable, str(Path(__file__).parents[2] / "examples" / "demo_trainer.py")]
+    with server(["--config", str(cfg)], work) as srv:
+        done = subprocess.run(
+            [*demo, "--address", srv.address, "--steps", "16", "--checkpoint-every", "16"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        # 16 steps over 8 lanes: two batches of every lane trained on, the last one included
+        assert "at {0: 2, 1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2}" in done.stderr, done.stderr
+        ranks = subprocess.run(
+            [*demo, "--address", srv.address, "--world-size", "2", "--checkpoint-every", "5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ranks.returncode == 2 and "must be merged" in ranks.stderr
 
 
 def test_a_new_client_starts_where_a_closed_one_stopped(setup):
