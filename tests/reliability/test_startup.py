@@ -63,11 +63,22 @@ def _recorder():
     return started, started.append
 
 
-def test_latest_without_checkpoint_files_starts_fresh_both_ways(tmp_path):
+def test_latest_without_checkpoint_files_starts_fresh_both_ways(tmp_path, caplog):
     for mode in ("latest", "latest-or-fresh"):
         started, start = _recorder()
+        (tmp_path / mode).mkdir()
         assert _start_latest(mode, CheckpointStore(tmp_path / mode), start) == ""
         assert started == [None]
+    assert "no checkpoint in" in caplog.text and "did not exist" not in caplog.text
+
+
+def test_latest_over_a_state_dir_that_did_not_exist_says_so_loudly(tmp_path, caplog):
+    # A typo, a volume not mounted, a relative path from elsewhere: not a quiet first start.
+    started, start = _recorder()
+    assert _start_latest("latest", CheckpointStore(tmp_path / "stat"), start) == ""
+    assert started == [None]
+    assert f"state directory {tmp_path / 'stat'} did not exist" in caplog.text
+    assert "STARTING FRESH" in caplog.text and "fix --state-dir" in caplog.text
 
 
 def test_latest_refuses_and_latest_or_fresh_starts_fresh_when_all_are_refused(tmp_path, caplog):

@@ -537,6 +537,8 @@ class CheckpointStore:
         self.keep = keep
         self.key = key
         self._lock = threading.Lock()
+        #: Whether the directory had to be made (it did not exist before this store).
+        self.created = not self.dir.is_dir()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.clean_temp_files()
 

@@ -118,7 +118,17 @@ def _start_latest(
     if pick.found is not None:
         return pick.found[0]
     if not pick.refused:
-        log.warning("--resume %s: no checkpoint in %s yet; starting fresh", arg, store.dir)
+        if store.created:
+            log.warning(
+                "--resume %s: the state directory %s did not exist (made now), so there is no "
+                "checkpoint: STARTING FRESH from seq 0. If checkpoints should be there (a typo, "
+                "a volume not mounted, a relative --state-dir from another working directory), "
+                "stop this server and fix --state-dir",
+                arg,
+                store.dir.resolve(),
+            )
+        else:
+            log.warning("--resume %s: no checkpoint in %s yet; starting fresh", arg, store.dir)
         start(None)
         return ""
     refused = pick.describe()
