@@ -387,7 +387,10 @@ class PipelineRun:
             if next_seq > log_.next_seq:
                 raise CheckpointError(
                     f"lane {lane}: position {next_seq} was not produced yet "
-                    f"(produced up to {log_.next_seq})"
+                    f"(produced up to {log_.next_seq}): checkpoint the positions consumed; if "
+                    "they are, this server restarted behind the trainer (fresh, or from an "
+                    "older checkpoint): resume it to the trainer's checkpoint first "
+                    "(client.resume(state=...) or --resume ID)"
                 )
             cut = log_.cut(next_seq)
             if cut is None:
