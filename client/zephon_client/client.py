@@ -70,7 +70,6 @@ import grpc
 from zephon_proto.v1 import data_service_pb2 as pb
 
 from .channel import DEFAULT_CHANNEL_OPTIONS, Endpoint, TLSConfig, auth_metadata
-from .connect_hint import diagnose_error
 from .errors import ZephonClientError
 from .identity import PipelineIdentity
 from .mapping import lanes_for_rank
@@ -85,6 +84,7 @@ from .stream import (
     _Item,
     _retryable,
 )
+from .unary import call_unary
 from .wire import CHAIN_SEED, DecodedBatch, LaneEnd, decode_end
 
 logger = logging.getLogger(__name__)
@@ -465,7 +465,17 @@ class DataClient:
         per_server: dict[str, dict[int, int]] = {}
         merged: dict[int, int] = {}
         for endpoint in endpoints:
-            response = self._unary(endpoint, "Resume", request)
+            try:
+                response = self._unary(endpoint, "Resume", request)
+            except ZephonClientError as exc:
+                if not per_server:
+                    raise
+                raise ZephonClientError(  # the others were reset: say so, never half-silent
+                    exc.code,
+                    f"{exc.message} (already resumed to it: {', '.join(per_server)}; with "
+                    "lane-sharded servers, resume each with its own checkpoint and address=)",
+                    address=endpoint.address,
+                ) from None
             if response.fingerprint and response.fingerprint != self._fingerprint:
                 raise ZephonClientError(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -477,18 +487,31 @@ class DataClient:
             per_server[endpoint.address] = positions
             for lane, seq in positions.items():
                 merged.setdefault(lane, seq)
-        with self._lock:
-            for lane in self._lanes:
-                source = per_server.get(self._routes[lane].address, merged)
-                seq = source.get(lane, merged.get(lane))
-                if seq is None:
-                    raise ZephonClientError(
-                        None, f"Resume answer has no position for lane {lane}", lane=lane
-                    )
-                self._set_position(lane, int(seq), None)
-            self._restart_iteration()
+        self._apply_resumed(per_server)
         logger.info("resumed %s: positions %s", checkpoint_id or "from state bytes", merged)
         return merged
+
+    def _apply_resumed(self, per_server: dict[str, dict[int, int]]) -> None:
+        """Set the positions of this rank's lanes on the servers that were resumed (each from
+        its own answer; a lane of a server not resumed keeps its position), all or none, and
+        restart an iteration in progress."""
+        found: dict[int, int] = {}
+        for lane in self._lanes:
+            answer = per_server.get(self._routes[lane].address)
+            if answer is None:
+                continue  # its server was not reset
+            if lane not in answer:
+                raise ZephonClientError(
+                    None,
+                    f"the Resume answer of {self._routes[lane].address} has no position for "
+                    f"lane {lane}, which this client reads from it",
+                    lane=lane,
+                )
+            found[lane] = int(answer[lane])
+        with self._lock:
+            for lane, seq in found.items():
+                self._set_position(lane, seq, None)
+            self._restart_iteration()
 
     # -- iteration -------------------------------------------------------------------------------
 
@@ -687,48 +710,17 @@ class DataClient:
     # -- servers ---------------------------------------------------------------------------------
 
     def _unary(self, endpoint: Endpoint, method: str, request: Any) -> Any:
-        """Call a unary RPC, retrying ``UNAVAILABLE`` with backoff for ``reconnect_timeout``."""
-        if self._closed.is_set():
-            raise ZephonClientError(None, "the client is closed")
-        deadline = time.monotonic() + self.reconnect_timeout
-        delay = BACKOFF_INITIAL
-        while True:
-            try:
-                return getattr(endpoint.stub, method)(
-                    request, timeout=self.rpc_timeout, metadata=self._metadata
-                )
-            except grpc.RpcError as error:
-                code = error.code() if callable(getattr(error, "code", None)) else None  # type: ignore[attr-defined]
-                remaining = deadline - time.monotonic()
-                why = diagnose_error(endpoint.address, endpoint.tls, error)
-                permanent = why is not None and why.permanent
-                if (
-                    code != grpc.StatusCode.UNAVAILABLE
-                    or permanent
-                    or remaining <= 0
-                    or self._closed.is_set()
-                ):
-                    err = ZephonClientError.from_rpc_error(error, address=endpoint.address)
-                    if code == grpc.StatusCode.UNAVAILABLE:
-                        gave_up = "not retried" if permanent else "gave up after"
-                        spent = "" if permanent else f" {self.reconnect_timeout:g} s"
-                        hint = f"; {why.hint}" if why is not None else ""
-                        err = ZephonClientError(
-                            code,
-                            f"{err.message} ({method}; {gave_up}{spent}){hint}",
-                            address=endpoint.address,
-                        )
-                    raise err from None
-                logger.warning(
-                    "%s on %s: UNAVAILABLE; retrying in %.1f s%s",
-                    method,
-                    endpoint.address,
-                    delay,
-                    f" ({why.hint})" if why is not None else "",
-                )
-                if self._closed.wait(min(delay, remaining)):
-                    raise ZephonClientError(None, "the client is closed") from None
-                delay = min(delay * 2, BACKOFF_MAX)
+        """Call a unary RPC, retrying ``UNAVAILABLE`` with backoff for ``reconnect_timeout``
+        (:func:`~.unary.call_unary`)."""
+        return call_unary(
+            endpoint,
+            method,
+            request,
+            timeout=self.rpc_timeout,
+            metadata=self._metadata,
+            reconnect_timeout=self.reconnect_timeout,
+            closed=self._closed,
+        )
 
     def _check_servers(self) -> None:
         first = self._endpoints[0]

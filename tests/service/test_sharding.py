@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from zephon_client import DataClient
+from zephon_client import DataClient, ZephonClientError
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.checkpoint import ResumeState, read_state_file, write_atomic
 from zephon_testing.servers import dump_digests, read_lane, server, write_config
@@ -159,6 +159,29 @@ def test_checkpoint_on_two_shards_resumes_exactly_on_one_server_and_on_other_sha
         client.load_state_dict(saved)
         extend(got, read(client))
     assert got == expected
+
+
+def test_each_shard_resumes_its_own_checkpoint_by_address(setup):
+    cfg, work, expected = setup
+    with (
+        server(serve_args(cfg, "0-3"), work) as a,
+        server(serve_args(cfg, "4-7"), work) as b,
+        DataClient([a.address, b.address], rank=0, world_size=1) as client,
+    ):
+        read(client, per_lane=3)
+        parts = {s.address: client.checkpoint(tag="p", address=s.address) for s in (a, b)}
+        read(client, per_lane=2)
+        # One shard reset: only its lanes go back, the other shard's keep their positions.
+        client.resume(state=parts[a.address].state, address=a.address)
+        assert client.positions == {**dict.fromkeys(range(4), 3), **dict.fromkeys(range(4, 8), 5)}
+        client.resume(state=parts[b.address].state, address=b.address)
+        assert client.positions == dict.fromkeys(range(8), 3)
+        again = read(client, per_lane=2)
+        assert again == {lane: chains[3:5] for lane, chains in expected.items()}
+        # Without address= every server gets the bytes: the second shard refuses a checkpoint
+        # of the first one's lanes, and the error says the first was reset to it.
+        with pytest.raises(ZephonClientError, match=f"already resumed to it: {a.address}"):
+            client.resume(state=parts[a.address].state)
 
 
 def test_merging_overlapping_or_foreign_checkpoints_is_refused(setup, tmp_path, corpus_dir):
