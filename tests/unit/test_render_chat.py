@@ -814,3 +814,23 @@ def test_the_layout_rule_enters_the_fingerprint(tok_dirs, monkeypatch):
     now = pipeline_fingerprint()
     monkeypatch.setattr(render_chat, "LAYOUT_VERSION", render_chat.LAYOUT_VERSION - 1)
     assert pipeline_fingerprint() != now
+
+
+def test_a_reasoning_the_template_never_writes_is_a_chat_error(tok_dirs):
+    # ChatML (as Qwen2.5's and Llama 3.2's templates) never names reasoning_content: the
+    # reasoning would be missing from the tokens without a word, as tool calls would.
+    op = RenderChat(tokenizer=tok_dirs["chatml"])
+    turns = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
+    thinking = [turns[0], {**turns[1], "reasoning_content": "Because."}]
+    empty = [turns[0], {**turns[1], "reasoning_content": "\n"}]
+    with pytest.raises(DataError) as refused:
+        render(op, [{"messages": thinking}])
+    text = str(refused.value)
+    assert "message 1 (assistant) has a 'reasoning_content'" in text
+    assert "point render_chat.reasoning_field at a field the records do not have" in text
+    plain, blank = render(op, [{"messages": turns}, {"messages": empty}])
+    assert plain.payload["input_ids"].tolist() == blank.payload["input_ids"].tolist()
+    # Pointing reasoning_field elsewhere leaves the field out on purpose.
+    other = RenderChat(tokenizer=tok_dirs["chatml"], reasoning_field="thoughts")
+    (out,) = render(other, [{"messages": thinking}])
+    assert out.payload["input_ids"].tolist() == plain.payload["input_ids"].tolist()

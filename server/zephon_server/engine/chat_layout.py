@@ -347,6 +347,7 @@ def layout_chat(
     tools: list[Any] | None = None,
     weight: str | None = None,
     first_trained: int = 0,
+    field_unread: str | None = None,
 ) -> ChatLayout:
     """Render ``messages`` and find the trained character ranges (module docstring).
 
@@ -358,7 +359,9 @@ def layout_chat(
     record's tool definitions, which every rendering sees (templates such as Qwen3's write them
     in the system turn; untrained, as everything a template writes but the trained turns).
     ``weight``: the message field whose 0 keeps a turn untrained (:func:`trained_indices`);
-    ``first_trained``: no message before it is trained (a conversational prompt's)."""
+    ``first_trained``: no message before it is trained (a conversational prompt's).
+    ``field_unread``: a reasoning field the template never names, so a message's non-empty
+    value of it would be lost without a word: a :class:`ChatError`."""
     template = template.with_tools(tools)
     if tools and not template.reads_tools:
         raise ChatError(
@@ -371,6 +374,8 @@ def layout_chat(
         for i, message in enumerate(messages):
             if len(message) > 2:  # a clear error before any template sees a bad reasoning
                 _reasoning_of(message, i, reasoning)
+    if field_unread is not None:
+        _check_reasoning_read(messages, field_unread)
     skeleton = skeletons.get(messages, template) if skeletons is not None else None
     if skeleton is not None and skeleton.unwritten_calls is not None:
         raise _unwritten_calls(messages, skeleton.unwritten_calls)
@@ -602,6 +607,21 @@ def _skeleton_starts(
             raise _misplaced_reasoning(messages, i, field)
         starts[i] = at[0] - gap
     return starts, unwritten
+
+
+def _check_reasoning_read(messages: Sequence[dict[str, Any]], field: str) -> None:
+    """:class:`ChatError` for the first message with a non-empty ``field`` (the reasoning a
+    template that never names the field would leave out of the tokens without a word)."""
+    for i, message in enumerate(messages):
+        value = message.get(field) if len(message) > 2 else None
+        if isinstance(value, str) and value.strip():
+            raise ChatError(
+                f"message {i} ({message.get('role')}) has a {field!r} but the chat template "
+                f"never writes {field!r}, so that reasoning would be missing from the tokens "
+                "without a word; use a template that writes it (render_chat.template), or "
+                "point render_chat.reasoning_field at a field the records do not have to "
+                "leave reasoning out"
+            )
 
 
 def _misplaced_reasoning(messages: Sequence[dict[str, Any]], i: int, field: str) -> ChatError:

@@ -93,7 +93,9 @@ FIXES = {
 #: a template writes once after the last turn (Phi-3's EOS when no generation is asked for) is
 #: part of no turn's end of turn, where it was trained with the last turn and an earlier turn's
 #: end of turn reached into the next turn's header.
-LAYOUT_VERSION = 9
+#: 10: a message's reasoning that the template never names (Qwen2.5's, Llama 3.2's templates
+#: write no reasoning) is a chat_error, where it was left out of the tokens with a log line.
+LAYOUT_VERSION = 10
 
 
 class RecordProblem(Exception):
@@ -194,6 +196,11 @@ class RenderChat(Operator):
         self._skeletons: Skeletons | None = None
         self.tokenizer  # noqa: B018 - validate at construction (fails fast on a bad path)
         self.source: TemplateSource = find_template(tokenizer, template)
+        #: Whether the template (or its "tool_use" one) names the reasoning field at all: one
+        #: that never does (Qwen2.5's, Llama 3.2's) leaves every reasoning out.
+        self._writes_reasoning = any(
+            reasoning_field in text for text in (self.source.text, self.source.tool_use or "")
+        )
         unread = self.chat_template.unread_variables()  # compiled now: a syntax error is a
         if unread:  # config error, and so is a variable that would change nothing
             reads = sorted(self.chat_template.reads - set(RESERVED_VARIABLES))
@@ -318,6 +325,7 @@ class RenderChat(Operator):
                 tools,
                 self.weight_field,
                 first_trained,
+                None if self._writes_reasoning else self.reasoning_field,
             )
         except ChatError as exc:
             raise RecordProblem(CHAT_ERROR, str(exc)) from exc
