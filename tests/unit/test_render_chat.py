@@ -727,7 +727,9 @@ def test_generation_blocks_and_the_message_bound(tmp_path):
     (out,) = render(op, [conv])
     assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == ["a<eot>"]
     too_long = {"messages": conv["messages"] * 2}
-    with pytest.raises(DataError, match="has 4 messages, more than 3"):
+    with pytest.raises(
+        DataError, match=r"has 4 messages, more than 3 \(render_chat.max_messages\)"
+    ):
         render(op, [too_long])
 
 
@@ -834,3 +836,25 @@ def test_a_reasoning_the_template_never_writes_is_a_chat_error(tok_dirs):
     other = RenderChat(tokenizer=tok_dirs["chatml"], reasoning_field="thoughts")
     (out,) = render(other, [{"messages": thinking}])
     assert out.payload["input_ids"].tolist() == plain.payload["input_ids"].tolist()
+
+
+def test_a_template_failing_on_a_plain_conversation_is_named_at_construction(tmp_path, caplog):
+    path = tmp_path / "raises.jinja"
+    path.write_text("{{ raise_exception('this template renders nothing') }}")
+    RenderChat(tokenizer="byte", template=str(path))
+    assert "fails on a plain conversation of a user turn and an answer" in caplog.text
+    assert "this template renders nothing" in caplog.text
+    caplog.clear()
+    path.write_text(CHATML)
+    RenderChat(tokenizer="byte", template=str(path))
+    assert "fails on a plain conversation" not in caplog.text
+
+
+def test_a_tokenizer_directory_and_a_list_of_parts_name_their_fixes(tmp_path, tok_dirs):
+    directory = str(Path(tok_dirs["chatml"]).parent)
+    with pytest.raises(ConfigError, match=f"is a directory.*give '{directory}/tokenizer.json'"):
+        RenderChat(tokenizer=directory)
+    op = RenderChat(tokenizer=tok_dirs["chatml"])
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}
+    with pytest.raises(DataError, match=r"a list of parts.*join the text parts"):
+        render(op, [parts])

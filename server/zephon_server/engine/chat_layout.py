@@ -70,7 +70,10 @@ def check_messages(value: Any, field: str, max_messages: int) -> list[dict[str, 
     if not value:
         raise ChatError(f"field {field!r} is an empty list of messages")
     if len(value) > max_messages:
-        raise ChatError(f"field {field!r} has {len(value)} messages, more than {max_messages}")
+        raise ChatError(
+            f"field {field!r} has {len(value)} messages, more than {max_messages} "
+            "(render_chat.max_messages)"
+        )
     nulls = False
     for i, message in enumerate(value):
         if type(message) is dict:  # the common case, checked inline
@@ -107,6 +110,11 @@ def _check_message(field: str, i: int, message: Any) -> None:
     if isinstance(content, str) or (content is None and _calls_tools(message)):
         return
     hint = " (null is read as empty only in a message with tool_calls)" if content is None else ""
+    if isinstance(content, list):
+        hint = (
+            " (a list of parts, as OpenAI's [{'type': 'text', 'text': ...}], is not read: "
+            "join the text parts into one string when converting the data)"
+        )
     raise ChatError(
         f"{field}[{i}] ({role}): 'content' must be a string, got {type(content).__name__}{hint}"
     )

@@ -118,7 +118,8 @@ class LaneEnds:
         if end <= min(self._starts.values()):
             log.warning(
                 "end_of_data: shortest: lane %d ended at seq %d, so no lane delivers anything "
-                "more (a corpus too small for its lanes: fewer chunks than lanes?); use "
+                "more (a corpus too small for its lanes: fewer chunks than lanes? or every "
+                "record skipped: see the skipped records counted by reason); use "
                 "end_of_data: longest, a smaller chunk_size or fewer lanes",
                 first,
                 end,

@@ -124,10 +124,17 @@ class HFTokenizer:
             ) from exc
         path = Path(source)
         if path.suffix == ".json" or path.exists():
+            if path.is_dir():
+                inside = path / "tokenizer.json"
+                found = f": give {str(inside)!r}" if inside.is_file() else ""
+                raise ConfigError(
+                    f"tokenizer: {source!r} ({path.resolve()}) is a directory; the tokenizer "
+                    f"is the tokenizer.json file in it{found}"
+                )
             if not path.is_file():
                 raise ConfigError(
-                    f"tokenizer: file {source!r} does not exist (give a path to a "
-                    "tokenizer.json, 'byte', or a hub id)"
+                    f"tokenizer: file {source!r} ({path.resolve()}) does not exist (give a "
+                    "path to a tokenizer.json, 'byte', or a hub id)"
                 )
             raw = path.read_bytes()
             self._json = raw.decode("utf-8")

@@ -45,7 +45,13 @@ from ..chat_keys import Keys, renamed
 from ..chat_layout import TRAIN_ON, ChatError, check_messages, check_tools, layout_chat
 from ..chat_skeleton import Skeletons
 from ..chat_slots import TOOL_FIELDS
-from ..chat_template import RESERVED_VARIABLES, ChatTemplate, TemplateSource, find_template
+from ..chat_template import (
+    RESERVED_VARIABLES,
+    ChatTemplate,
+    ChatTemplateError,
+    TemplateSource,
+    find_template,
+)
 from ..errors import ConfigError, DataError
 from ..json_line import loads_line
 from ..records import SampleRecord, Span
@@ -210,6 +216,25 @@ class RenderChat(Operator):
                 f"(a misspelt name?); the template reads {reads[:16]}"
             )
         self.eos_id = self._eos_id()
+        self._probe_template()
+
+    def _probe_template(self) -> None:
+        """Warn at construction when the template fails on the plainest conversation (a
+        user turn and an answer): it would then fail (or, under ``on_error: skip``, skip)
+        every record, which the run would otherwise show only as a flood of errors or an
+        empty stream."""
+        probe = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}]
+        if self.system_prompt is not None:
+            probe.insert(0, {"role": "system", "content": self.system_prompt})
+        try:
+            self.chat_template.render(probe)
+        except ChatTemplateError as exc:
+            log.warning(
+                "render_chat: the chat template (%s) fails on a plain conversation of a user "
+                "turn and an answer (%s): every record may be a chat_error; check the template",
+                self.source.origin,
+                exc,
+            )
 
     # -- configuration -----------------------------------------------------------------------
 
