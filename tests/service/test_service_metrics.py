@@ -11,6 +11,7 @@ from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.delivery.hub import LaneHub
 from zephon_server.engine.execution import ExecutionConfig
 from zephon_server.engine.ops.base import Operator, OpTraits
+from zephon_server.service.metric_carry import STREAM_POSITIONS
 from zephon_testing.infra import free_port, prometheus_available, start_prometheus
 from zephon_testing.servers import read_lane, server, write_config
 
@@ -156,6 +157,16 @@ def test_dataset_tokens_loss_tokens_and_mask_errors_with_injected_registry(corpu
         hub.stop()
 
 
+def counters(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:
+    """Every ``_total`` sample, by (family, labels)."""
+    return {
+        (family.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
 def test_held_back_time_rises_during_the_hold_and_carries_across_a_resume(corpus_specs):
     # A lane nobody reads fills its log and holds the pipeline back: the counter must rise
     # while that goes on (it used to stay flat until the wait ended), and a Resume (a new run
@@ -187,8 +198,16 @@ def test_held_back_time_rises_during_the_hold_and_carries_across_a_resume(corpus
         time.sleep(1.0)
         during = held()
         assert during >= first + 0.8  # counted while the hold goes on
+        before = counters(registry)
         _, _, state = hub.checkpoint({0: 0, 1: 0})
         hub.resume(state)
         assert held() >= during  # the new run's count starts at 0: carried, never backwards
+        after = counters(registry)
+        backwards = {
+            key: (value, after.get(key))
+            for key, value in before.items()
+            if key[0] not in STREAM_POSITIONS and after.get(key, 0.0) < value
+        }
+        assert backwards == {}  # no counter of the process's work goes back across a Resume
     finally:
         hub.stop()

@@ -2,11 +2,11 @@
 
 A ``Resume`` installs a new pipeline run in the hub, and the figures some counters are read
 from (records skipped and dropped, records the replay filter dropped, seconds a lane held the
-pipeline back) start again at zero in it. Exported as they are, those counters went backwards
-(or their series vanished) without a process restart, which Prometheus reads as a counter
-reset: ``increase()`` then counts the new run's value a second time. :class:`Carry` adds, per
-series, what the earlier runs of this process counted, so each stays monotonic for the life of
-the process, as a counter must.
+pipeline back, batches not kept or cut, stalls at sentinels) start again at zero in it.
+Exported as they are, those counters went backwards (or their series vanished) without a
+process restart, which Prometheus reads as a counter reset: ``increase()`` then counts the new
+run's value a second time. :class:`Carry` adds, per series, what the earlier runs of this
+process counted, so each stays monotonic for the life of the process, as a counter must.
 
 Counters that follow the data stream's position instead (a lane's produced position, the
 tokens per dataset, restored from the checkpoint) are not carried: after a resume to an
@@ -26,7 +26,15 @@ CARRIED = frozenset(
         "zephon_records_dropped",
         "zephon_records_mask_errors",
         "zephon_lane_held_back_seconds",
+        "zephon_lane_batches_not_kept",
+        "zephon_lane_batches_cut",
+        "zephon_stall_seconds",
+        "zephon_sentinels_stalled",
     }
+)
+#: The counters that follow the stream's position (module docstring): a resume rewinds them.
+STREAM_POSITIONS = frozenset(
+    {"zephon_lane_batches_produced", "zephon_dataset_tokens", "zephon_dataset_loss_tokens"}
 )
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
