@@ -70,6 +70,7 @@ import grpc
 from zephon_proto.v1 import data_service_pb2 as pb
 
 from .channel import DEFAULT_CHANNEL_OPTIONS, Endpoint, TLSConfig, auth_metadata
+from .connect_hint import diagnose
 from .errors import ZephonClientError
 from .identity import PipelineIdentity
 from .mapping import lanes_for_rank
@@ -655,9 +656,11 @@ class DataClient:
                 deadline = now + self.reconnect_timeout
             remaining = deadline - now
             if remaining <= 0:
+                why = diagnose(stream.address, self._routes[lane].tls, details or "")
                 raise ZephonClientError(
                     code,
-                    f"{details} (gave up reconnecting after {self.reconnect_timeout:g} s)",
+                    f"{details} (gave up reconnecting after {self.reconnect_timeout:g} s)"
+                    + (f"; {why.hint}" if why is not None else ""),
                     lane=lane,
                     address=stream.address,
                 )

@@ -380,6 +380,18 @@ def test_reconnecting_gives_up_after_reconnect_timeout():
         assert len(service.opens) >= 3  # backoff 0.1, 0.2, ...
 
 
+def test_a_stream_whose_server_is_gone_gives_up_naming_the_cause():
+    stack = contextlib.ExitStack()
+    address = stack.enter_context(serve(FakeService({0: 5000})))  # never all buffered
+    with client(address, reconnect_timeout=0.5, prefetch=1) as c:
+        it = iter(c)
+        take(it, 2)
+        stack.close()  # the server goes away and nothing listens there any more
+        with pytest.raises(ZephonClientError, match="gave up reconnecting") as info:
+            list(it)
+    assert f"nothing listens at {address}" in str(info.value)
+
+
 # --------------------------------------------------------------------------------------------
 # several servers, auth, checkpoints
 # --------------------------------------------------------------------------------------------
