@@ -74,7 +74,7 @@ from .connect_hint import diagnose
 from .errors import ZephonClientError
 from .identity import PipelineIdentity
 from .mapping import lanes_for_rank
-from .options import checkpoint_positions, seconds, whole_number
+from .options import checkpoint_positions, consumer_name, seconds, whole_number
 from .state import STATE_VERSION, parse_state
 from .stream import (
     BACKOFF_INITIAL,
@@ -219,7 +219,7 @@ class DataClient:
         addresses = _server_addresses(address)
         self.rank = rank
         self.world_size = world_size
-        self.consumer = consumer if consumer is not None else f"rank{rank}"
+        self.consumer = consumer_name(consumer if consumer is not None else f"rank{rank}")
         self.verify = verify
         self.reconnect_timeout = seconds("reconnect_timeout", reconnect_timeout)
         self.rpc_timeout = seconds("rpc_timeout", rpc_timeout, allow_none=True, allow_zero=False)

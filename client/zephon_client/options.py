@@ -51,3 +51,28 @@ def checkpoint_positions(positions: Mapping[Any, Any]) -> dict[int, int]:
         lane = whole_number("checkpoint positions: a lane", lane, 0, "lane ids start at 0")
         out[lane] = whole_number(f"lane {lane}: the position", seq, 0, "a next seq")
     return out
+
+
+CONSUMER_MAX_BYTES = 128
+"""The longest consumer name a server takes (UTF-8 bytes; the server's ``OpenLane.consumer``
+limit, checked here too so that a bad name fails at construction, not at the first batch)."""
+
+
+def consumer_name(value: Any) -> str:
+    """``consumer`` checked as the server checks it: a string of at most
+    :data:`CONSUMER_MAX_BYTES` bytes without control characters."""
+    if not isinstance(value, str):
+        raise ValueError(f"consumer must be a string, got {value!r}")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > CONSUMER_MAX_BYTES:
+        raise ValueError(
+            f"consumer is {size} bytes of UTF-8; the limit is {CONSUMER_MAX_BYTES}: use a "
+            "short name like rank3"
+        )
+    for i, char in enumerate(value):
+        if ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0:
+            raise ValueError(
+                f"consumer has a control character (U+{ord(char):04X}) at position {i}: use a "
+                "short name like rank3"
+            )
+    return value

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
+from zephon_client.options import consumer_name
 from zephon_client.stream import (
     CORE_INTERNAL_DETAILS,
     _Item,
@@ -60,3 +61,16 @@ def test_torch_module_imports_without_torch():
 
     module = importlib.import_module("zephon_client.torch")
     assert callable(module.to_torch)
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [("r" * 129, "129 bytes of UTF-8; the limit is 128"), ("rank\n0", "control character")],
+)
+def test_a_consumer_name_the_server_would_refuse_fails_at_construction(name, says):
+    from zephon_client import DataClient
+
+    # Checked before any connection: the address is never dialled.
+    with pytest.raises(ValueError, match=says):
+        DataClient("127.0.0.1:1", consumer=name)
+    assert consumer_name("rank3") == "rank3" and consumer_name("é" * 64) == "é" * 64
