@@ -10,6 +10,7 @@ tokenizer's name, or the sha256 of the ``tokenizer.json`` contents.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from collections.abc import Sequence
@@ -161,19 +162,40 @@ class HFTokenizer:
         spec = tokenizer_spec(self._json)
         self.byte_lengths: np.ndarray | None = byte_length_table(spec, self._tok)
         self.lengths_need_nfc = normalizes_nfc(spec)
-        self.bos_id = self._special(bos_token, ("<s>", "<|begin_of_text|>", "[BOS]", "<bos>"))
-        self.eos_id = self._special(eos_token, ("</s>", "<|endoftext|>", "[EOS]", "<eos>"))
-        pad = self._special(pad_token, ("<pad>", "[PAD]", "<|pad|>"))
+        config = _config_tokens(path) if self.name == str(path) else {}
+        self.bos_id = self._special(
+            bos_token, config, "bos_token", ("<s>", "<|begin_of_text|>", "[BOS]", "<bos>")
+        )
+        self.eos_id = self._special(
+            eos_token, config, "eos_token", ("</s>", "<|endoftext|>", "[EOS]", "<eos>")
+        )
+        pad = self._special(pad_token, config, "pad_token", ("<pad>", "[PAD]", "<|pad|>"))
         self.pad_id = pad if pad >= 0 else (self.eos_id if self.eos_id >= 0 else 0)
 
-    def _special(self, explicit: str | None, candidates: tuple[str, ...]) -> int:
-        names = (explicit,) if explicit else candidates
-        for token in names:
-            tid = self._tok.token_to_id(token) if token else None
+    def _special(
+        self,
+        explicit: str | None,
+        config: dict[str, str | None],
+        key: str,
+        candidates: tuple[str, ...],
+    ) -> int:
+        """The id of ``explicit``, else of the token the tokenizer_config.json beside the file
+        names under ``key`` (as Hugging Face reads it; its null means none), else of the first
+        of ``candidates`` that is one of the tokenizer's *special* tokens (Qwen's vocabulary
+        has ``</s>`` as an ordinary piece); -1 for none."""
+        name = explicit or config.get(key)
+        if name:
+            tid = self._tok.token_to_id(name)
+            if tid is None:
+                raise ConfigError(f"tokenizer {self.name!r}: special token {name!r} not in vocab")
+            return int(tid)
+        if key in config:  # null in the config: the model has none
+            return -1
+        specials = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
+        for token in candidates:
+            tid = self._tok.token_to_id(token) if token in specials else None
             if tid is not None:
                 return int(tid)
-        if explicit:
-            raise ConfigError(f"tokenizer {self.name!r}: special token {explicit!r} not in vocab")
         return -1
 
     def encode_batch(
@@ -230,6 +252,28 @@ class HFTokenizer:
 
 _CACHE: dict[str, Tokenizer] = {}
 _CACHE_LOCK = threading.Lock()
+
+
+def _config_tokens(path: Path) -> dict[str, str | None]:
+    """``bos_token``, ``eos_token`` and ``pad_token`` of the ``tokenizer_config.json`` beside a
+    tokenizer.json (strings, or the ``content`` of an AddedToken dict; None where the config
+    says null); empty without one."""
+    config = path.with_name("tokenizer_config.json")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"tokenizer: cannot read {config}: {exc}") from exc
+    found: dict[str, str | None] = {}
+    for key in ("bos_token", "eos_token", "pad_token"):
+        if not isinstance(data, dict) or key not in data:
+            continue
+        value = data[key]
+        if isinstance(value, dict):
+            value = value.get("content")
+        found[key] = value if isinstance(value, str) and value else None
+    return found
 
 
 def load_tokenizer(spec: str = "byte") -> Tokenizer:

@@ -282,6 +282,7 @@ class RenderChat(Operator):
         return {
             "tokenizer": self.tokenizer.identity,
             "template": self.source.identity,
+            "special_ids": [self.eos_id, self.tokenizer.pad_id],  # completions' EOS, padding
             "messages_field": self.messages_field,
             "train_on": self.train_on,
             "max_length": self.max_length,

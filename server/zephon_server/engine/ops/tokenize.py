@@ -57,7 +57,14 @@ class Tokenize(Operator):
         self.add_eos = add_eos
         self.max_length = max_length
         self._tokenizer: Tokenizer | None = None
-        self.tokenizer  # noqa: B018 - validate at construction (fails fast on a bad path)
+        tok = self.tokenizer  # validated at construction (fails fast on a bad path)
+        for flag, kind, tid in (("add_bos", "BOS", tok.bos_id), ("add_eos", "EOS", tok.eos_id)):
+            if getattr(self, flag) and tid < 0:
+                raise ConfigError(
+                    f"tokenize: {flag}: the tokenizer {tok.name!r} has no {kind} token (its "
+                    "tokenizer_config.json names none, and none of the usual special tokens "
+                    f"is in it); set {flag}: false"
+                )
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -78,6 +85,9 @@ class Tokenize(Operator):
             "add_bos": self.add_bos,
             "add_eos": self.add_eos,
             "max_length": self.max_length,
+            # the ids written (from tokenizer_config.json, which the tokenizer's identity
+            # does not cover): another EOS or pad is other data
+            "special_ids": [self.tokenizer.bos_id, self.tokenizer.eos_id, self.tokenizer.pad_id],
         }
 
     def describe(self) -> str:
