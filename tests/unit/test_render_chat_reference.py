@@ -344,3 +344,18 @@ def test_under_train_on_all_llama_trains_a_tool_answer_as_written_and_its_end(an
         assert runs[2:-1] == [answer, "<|eot_id|>"]
     else:  # Llama's tokens join the quotes to the JSON's braces: those tokens are the answer's
         assert runs[2:-1] == ['"' + written + '"<|eot_id|>']
+
+
+@pytest.mark.parametrize("name", ["llama3_2", "qwen3"])
+def test_a_prompt_completion_record_starts_as_the_tokenizer_starts_a_text(name):
+    # Hugging Face's tokenizer(prompt + completion), which trainers of prompt/completion data
+    # use, starts with what the post-processor writes: Llama 3's <|begin_of_text|>, nothing for
+    # Qwen. That prefix is never trained.
+    _, tok = real(name)
+    op = RenderChat(tokenizer=str(QWEN3.parent / name / "tokenizer.json"), completion_eos=False)
+    prompt, completion = "Q: what is 2+2? A:", " four."
+    (out,) = render(op, [{"prompt": prompt, "completion": completion}])
+    ids, mask = out.payload["input_ids"].tolist(), out.payload["loss_mask"].tolist()
+    assert ids == tok(prompt + completion)["input_ids"]
+    assert trained_runs(op, out.payload["input_ids"], out.payload["loss_mask"]) == [" four."]
+    assert mask[0] == 0

@@ -198,6 +198,18 @@ class HFTokenizer:
                 return int(tid)
         return -1
 
+    def added_prefix(self) -> tuple[int, ...]:
+        """The ids the tokenizer's post-processor writes before a text when special tokens
+        are added (Llama 3's ``<|begin_of_text|>``; none for most): what Hugging Face's
+        ``tokenizer(text)`` starts with."""
+        plain = self._tok.encode("a", add_special_tokens=False).ids
+        full = self._tok.encode("a", add_special_tokens=True).ids
+        at = len(full) - len(plain)
+        for start in range(at + 1):
+            if full[start : start + len(plain)] == plain:
+                return tuple(int(i) for i in full[:start])
+        return ()
+
     def encode_batch(
         self, texts: Sequence[str], *, prefix: Sequence[int] = (), suffix: Sequence[int] = ()
     ) -> list[np.ndarray]:

@@ -101,7 +101,9 @@ FIXES = {
 #: end of turn reached into the next turn's header.
 #: 10: a message's reasoning that the template never names (Qwen2.5's, Llama 3.2's templates
 #: write no reasoning) is a chat_error, where it was left out of the tokens with a log line.
-LAYOUT_VERSION = 10
+#: 11: a prompt/completion record starts with what the tokenizer's post-processor writes
+#: before a text (Llama 3's BOS), as ``tokenizer(prompt + completion)`` does.
+LAYOUT_VERSION = 11
 
 
 class RecordProblem(Exception):
@@ -122,6 +124,9 @@ class Rendered:
     append_eos: bool
     kind: str
     unwritten_reasoning: int | None = None  # a trained message whose reasoning is not written
+    #: Ids put before the text, untrained (a prompt/completion record's BOS, as the
+    #: tokenizer's post-processor writes it for ``tokenizer(prompt + completion)``).
+    prefix: tuple[int, ...] = ()
 
 
 def _record_object(payload: dict[str, Any]) -> Any:
@@ -216,6 +221,9 @@ class RenderChat(Operator):
                 f"(a misspelt name?); the template reads {reads[:16]}"
             )
         self.eos_id = self._eos_id()
+        #: What the tokenizer's post-processor writes before a text (Llama 3's BOS): a
+        #: prompt/completion record starts with it, as ``tokenizer(prompt + completion)``.
+        self.prefix = tuple(getattr(self.tokenizer, "added_prefix", tuple)())
         self._probe_template()
 
     def _probe_template(self) -> None:
@@ -368,7 +376,7 @@ class RenderChat(Operator):
         start = len(prompt)
         trained = ((start, start + len(completion)),) if completion else ()
         eos = self.completion_eos and self.eos_id >= 0
-        return Rendered(prompt + completion, trained, eos, "prompt/completion")
+        return Rendered(prompt + completion, trained, eos, "prompt/completion", None, self.prefix)
 
     def _tokens(self, rendered: Rendered, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         """The payload of a rendered record, after the mask checks (raises RecordProblem)."""
@@ -389,6 +397,9 @@ class RenderChat(Operator):
                 f"every token of this {rendered.kind} record would be trained (nothing is "
                 "masked: no prompt, role header or template text)",
             )
+        if rendered.prefix:  # after the checks: a BOS is not a prompt
+            ids = np.concatenate([np.asarray(rendered.prefix, dtype=np.int32), ids])
+            mask = np.concatenate([np.zeros(len(rendered.prefix), dtype=MASK_DTYPE), mask])
         if self.max_length is not None and len(ids) > self.max_length:
             ids, mask = ids[: self.max_length], mask[: self.max_length]
             if not mask.any():
