@@ -174,6 +174,8 @@ def test_values_grown_without_output_go_over_the_output_budget(start, step):
         "{{ '%1000000000000d' % 1 }}",
         "{{ '{:>1000000000000}'.format(1) }}",
         "{{ '\\t'.expandtabs(10 ** 12) }}",
+        "{{ ('ab ' * 1000) | wordwrap(2, wrapstring='x' * 100000) }}",
+        "{{ ('a\\n' * 1000) | indent('x' * 100000) }}",
         "{{ ''.replace('', 'x' * 100000) * 1 }}{{ ('y' * 1000).replace('', 'x' * 100000) }}",
     ],
 )

@@ -330,10 +330,15 @@ def grown_size(name: str, value: Any, args: Sequence[Any], kwargs: Mapping[str, 
             sep = args[0] if args and isinstance(args[0], str) else kwargs.get("d", "")
             return _joined(sep, value)
         return 0
-    widths = [a for a in (*args, *kwargs.values()) if type(a) is int]
-    if name in ("center", "ljust", "rjust", "zfill", "indent", "wordwrap"):
-        lines = value.count("\n") + 1 if name in ("indent", "wordwrap") else 1
-        return len(value) + lines * max(widths, default=0)
+    given = (*args, *kwargs.values())
+    widths = [a for a in given if type(a) is int]
+    pieces = max((len(a) for a in given if isinstance(a, str)), default=0)  # indent/wrapstring
+    if name in ("center", "ljust", "rjust", "zfill"):
+        return len(value) + max(widths, default=0)
+    if name == "indent":  # a width, or a string, before every line
+        return len(value) + (value.count("\n") + 1) * max(max(widths, default=0), pieces)
+    if name == "wordwrap":  # a wrapstring at most between any two characters
+        return len(value) + (len(value) + 1) * pieces
     if name == "expandtabs":
         return len(value) + value.count("\t") * max(widths, default=8)
     if name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
