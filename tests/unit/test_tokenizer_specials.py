@@ -74,3 +74,10 @@ def test_tokenize_refuses_a_bos_or_eos_the_tokenizer_does_not_have(tmp_path):
         Tokenize(tokenizer=path)
     op = Tokenize(tokenizer=path, add_eos=False)
     assert op.params()["special_ids"] == [-1, -1, 1]  # the ids enter the fingerprint
+
+
+def test_a_config_token_missing_from_the_vocabulary_is_none_with_a_warning(tmp_path, caplog):
+    path = small_tokenizer(tmp_path, {"bos_token": "<|begin|>", "eos_token": "<|endoftext|>"})
+    tok = HFTokenizer(path)
+    assert tok.bos_id == -1 and token(tok, tok.eos_id) == "<|endoftext|>"
+    assert "names bos_token '<|begin|>', which is not in its vocabulary" in caplog.text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from .token_offsets import (
     tokenizer_spec,
 )
 
+log = logging.getLogger(__name__)
 _ID_DTYPE = np.int32
 
 
@@ -183,14 +185,25 @@ class HFTokenizer:
         names under ``key`` (as Hugging Face reads it; its null means none), else of the first
         of ``candidates`` that is one of the tokenizer's *special* tokens (Qwen's vocabulary
         has ``</s>`` as an ordinary piece); -1 for none."""
-        name = explicit or config.get(key)
-        if name:
-            tid = self._tok.token_to_id(name)
+        if explicit:
+            tid = self._tok.token_to_id(explicit)
             if tid is None:
-                raise ConfigError(f"tokenizer {self.name!r}: special token {name!r} not in vocab")
+                raise ConfigError(
+                    f"tokenizer {self.name!r}: special token {explicit!r} not in vocab"
+                )
             return int(tid)
         if key in config:  # null in the config: the model has none
-            return -1
+            name = config[key]
+            tid = self._tok.token_to_id(name) if name else None
+            if name and tid is None:
+                log.warning(
+                    "tokenizer %s: tokenizer_config.json names %s %r, which is not in its "
+                    "vocabulary; taken as none",
+                    self.name,
+                    key,
+                    name,
+                )
+            return -1 if tid is None else int(tid)
         specials = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
         for token in candidates:
             tid = self._tok.token_to_id(token) if token in specials else None
