@@ -284,3 +284,13 @@ def test_dump_and_sign_checkpoint_use_the_key(setup, tmp_path):
         timeout=60,
     )
     assert "signature does not match" in error_line(res)
+
+
+def test_latest_names_files_it_does_not_consider(tmp_path, caplog):
+    # A file named by hand is never taken for the newest (it could roll the run back or
+    # forward), but it is not passed over without a word either.
+    (tmp_path / "ckpt-2.zck").write_bytes(b"anything")
+    started, start = _recorder()
+    assert _start_latest("latest", CheckpointStore(tmp_path), start) == ""
+    assert started == [None]
+    assert "are not named as checkpoints" in caplog.text and "ckpt-2.zck" in caplog.text

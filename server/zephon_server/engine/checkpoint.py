@@ -633,6 +633,20 @@ class CheckpointStore:
         one behind it would silently roll the run back.
         """
         ids = self.ids()
+        odd = sorted(
+            p.name
+            for p in self.dir.glob(f"*{self.suffix}")
+            if p.name[: -len(self.suffix)] not in ids
+        )
+        if odd:  # a file someone named by hand, or copied in: never resumed, but said so
+            log.warning(
+                "looking for the latest checkpoint: %d file(s) in %s are not named as checkpoints "
+                "(ckpt-<8 digits>[-tag].zck) and are not considered: %s; resume one of them "
+                "with --resume FILE",
+                len(odd),
+                self.dir,
+                ", ".join(odd[:5]) + (" ..." if len(odd) > 5 else ""),
+            )
         refused: list[Refusal] = []
         for i, cid in enumerate(reversed(ids)):
             try:
