@@ -285,3 +285,15 @@ def test_hostile_template_fails_naming_file_row_and_budget(tmp_path):
     message = str(info.value)
     assert message.startswith(f"dataset 'chat': {data}:line {BOOM_ROWS[0] + 1}: "), message
     assert "render budget of 12000 loop iterations" in message and FIX in message
+
+
+def test_a_function_named_like_a_growing_method_is_called_as_usual():
+    # A callable named join or format that is no str method (a template variable's function,
+    # a macro) is called as it is: it has no string to size.
+    def join(value: str) -> str:
+        return f"[{value}]"
+
+    text = "{% macro format() %}f{% endmacro %}{{ join('x') }}{{ format() }}"
+    source = TemplateSource(text, "test.jinja")
+    rendered = ChatTemplate(source, date=datetime.date(2026, 1, 1), variables={"join": join})
+    assert rendered.render(CONV) == "[x]f"

@@ -318,8 +318,9 @@ def environment_class() -> type:
             (a ``str`` method that can grow is checked before it runs, from its arguments)."""
             method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
             name = getattr(method, "__name__", None)
-            if name in chat_budget.GROWING_METHODS and type(method.__self__) is str:
-                size = chat_budget.grown_size(name, method.__self__, args, kwargs)
+            owner = getattr(method, "__self__", None)  # a macro named join has none
+            if name in chat_budget.GROWING_METHODS and type(owner) is str:
+                size = chat_budget.grown_size(name, owner, args, kwargs)
                 chat_budget.check_size(__context, size, f"makes with {name!r} a text")
             result = super().call(__context, __obj, *args, **kwargs)
             if type(result) in _SEQUENCES and len(result) > chat_budget.OUTPUT_BASE:
