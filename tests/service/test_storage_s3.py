@@ -273,6 +273,18 @@ def test_throttling_errors_and_resets_are_retried_and_counted(s3, tmp_path, faul
     assert after.requests[("get", "ok")] - before.requests[("get", "ok")] == 1
 
 
+def failed_read(proxy, url: str, opts: dict, status: int, code: str) -> StorageRequestError:
+    """The error of reading row 1 of the one object ``url`` while the proxy answers every GET
+    with ``status`` ``code`` (the start-up counting it before that goes through)."""
+    cache = ShardCache()
+    (info,) = resolve_datasets([DatasetSpec("a", url, 1.0, storage_options=opts)], cache=cache)
+    proxy.clear()
+    proxy.fail(100, status, code, methods=["GET"])
+    with pytest.raises(StorageRequestError) as failed:
+        cache.read_rows(info.shards[0], [1], "text")
+    return failed.value
+
+
 def test_retry_budget_exhaustion_fails_or_skips_by_on_error(s3, tmp_path):
     bucket = new_bucket(s3)
     rows = [json.dumps({"text": f"doc {i}"}) for i in range(40)]
@@ -280,18 +292,12 @@ def test_retry_budget_exhaustion_fails_or_skips_by_on_error(s3, tmp_path):
     s3.put(bucket, "a.jsonl", (tmp_path / "a.jsonl").read_bytes())
     with HttpFaultProxy(s3.port) as proxy:
         opts = options(proxy.endpoint, retry_attempts=3)
-        spec = DatasetSpec("a", f"s3://{bucket}/a.jsonl", 1.0, storage_options=opts)
-        cache = ShardCache()
-        (info,) = resolve_datasets([spec], cache=cache)
-        proxy.clear()
-        proxy.fail(100, 503, "SlowDown", methods=["GET"])
-        with pytest.raises(StorageRequestError) as failed:
-            cache.read_rows(info.shards[0], [1], "text")
-        text = str(failed.value)
+        failed = failed_read(proxy, f"s3://{bucket}/a.jsonl", opts, 503, "SlowDown")
+        text = str(failed)
         assert f"get s3://{bucket}/a.jsonl after 3 attempts (throttled)" in text
         assert "last answer: AWS Error S" in text  # SLOW_DOWN or SERVICE_UNAVAILABLE: the 503
         assert len(proxy.requests("GET")) == 3
-        assert not isinstance(failed.value, ShardChanged)
+        assert not isinstance(failed, ShardChanged)
 
         # through a pipeline: on_error decides (the start-up counting, before the faults,
         # keeps the line index in the process's cache; the fetch then meets the faults)
@@ -323,16 +329,8 @@ def test_a_refused_get_of_a_small_range_names_the_hidden_status(s3, tmp_path):
     bucket = new_bucket(s3)
     s3.put(bucket, "small.jsonl", b'{"text": "a"}\n{"text": "bc"}\n')
     with HttpFaultProxy(s3.port) as proxy:
-        spec = DatasetSpec(
-            "s", f"s3://{bucket}/small.jsonl", 1.0, storage_options=options(proxy.endpoint)
-        )
-        cache = ShardCache()
-        (info,) = resolve_datasets([spec], cache=cache)
-        proxy.clear()
-        proxy.fail(100, 403, "AccessDenied", methods=["GET"])
-        with pytest.raises(StorageRequestError) as failed:
-            cache.read_rows(info.shards[0], [1], "text")
-    text = str(failed.value)
+        url, opts = f"s3://{bucket}/small.jsonl", options(proxy.endpoint)
+        text = str(failed_read(proxy, url, opts, 403, "AccessDenied"))
     assert "more bytes than asked" in text and "GET refused while HEAD succeeds" in text
     assert "lower storage_options.max_concurrency" not in text
 
