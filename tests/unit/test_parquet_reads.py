@@ -168,6 +168,22 @@ def test_a_damaged_row_group_fails_naming_file_row_group_rows_and_fix(tmp_path):
     )
 
 
+def test_a_shard_nested_deeper_than_pyarrow_reads_names_the_nesting(tmp_path):
+    from zephon_server.engine.parquet_rows import read_footer
+
+    typ: Any = pa.string()
+    value: Any = "x"
+    for _ in range(60):  # 60 lists are 120 schema levels; pyarrow reads 100
+        typ, value = pa.list_(typ), [value]
+    path = tmp_path / "deep.parquet"
+    pq.write_table(pa.table({"messages": pa.array([value], type=typ)}), path)
+    with pytest.raises(DataError) as info:
+        read_footer(str(path), str(path))
+    message = str(info.value)
+    assert message.startswith(f"cannot read Parquet shard {path}: ")
+    assert "nest deeper than pyarrow reads" in message and "damaged" not in message
+
+
 # ------------------------------------------------------------------- max_document_bytes
 
 

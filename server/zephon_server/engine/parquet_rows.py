@@ -45,14 +45,19 @@ def read_footer(source: Any, path: str) -> tuple[Any, np.ndarray, Any]:
     try:
         pf = open_file(source)
     except (OSError, pa.ArrowException) as exc:
-        raise DataError(
-            f"cannot read Parquet shard {path}: {exc} (a damaged or cut-short file: {FIX})"
-        ) from exc
+        why = _NESTED if "too deeply nested" in str(exc) else f"a damaged or cut-short file: {FIX}"
+        raise DataError(f"cannot read Parquet shard {path}: {exc} ({why})") from exc
     md = pf.metadata
     sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
     return md, bounds, pf.schema_arrow
+
+
+_NESTED = (
+    "its columns nest deeper than pyarrow reads any file: write the shard with flatter columns "
+    "(a chat column is list<struct<role, content>>), or remove it from the dataset"
+)
 
 
 @dataclass(frozen=True)
