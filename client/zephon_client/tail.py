@@ -6,6 +6,9 @@ tokenizer ids below 256 are UTF-8 bytes and other ids print as ``<id>``; with a
 ``tokenizer.json`` path that exists here and the ``tokenizers`` package installed, the
 Hugging Face tokenizer decodes them; otherwise the ids are printed. Padding is skipped using
 ``padding_mask`` (True on tokens) or ``segment_ids`` (0 on padding) when the batch has them.
+A batch with a ``loss_mask`` (chat and instruction pipelines) prints each row's documents on
+lines of their own (from ``cu_seqlens``, else ``segment_ids``), every run of trained tokens
+marked ``train:``: what the model learns, as it reaches the trainer.
 
 The reader registers as consumer ``tail-<pid>`` and acknowledges only what it printed.
 Run it as ``python -m zephon_client.tail ADDRESS LANE``.
@@ -20,6 +23,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any, TextIO
 
 import grpc
@@ -202,12 +206,76 @@ def print_batch(
     if ids.ndim == 1:
         ids = ids[None, :]
     keep = _token_mask(batch.tensors, ids.shape)
+    trained = _shaped(batch.tensors, "loss_mask", ids.shape)
     for row in range(ids.shape[0]):
+        if trained is not None:
+            _print_trained_row(batch.tensors, row, ids, keep, trained, out, detokenize, max_chars)
+            continue
         row_ids = [int(v) for v in ids[row][keep[row]]]
-        text = detokenize(row_ids)
-        if max_chars is not None and len(text) > max_chars:
-            text = text[:max_chars] + "..."
-        print(f"  row {row}: {text}", file=out)
+        print(f"  row {row}: {_cut(detokenize(row_ids), max_chars)}", file=out)
+
+
+def _print_trained_row(
+    tensors: dict[str, np.ndarray],
+    row: int,
+    ids: np.ndarray,
+    keep: np.ndarray,
+    trained: np.ndarray,
+    out: TextIO,
+    detokenize: Callable[[list[int]], str],
+    max_chars: int | None,
+) -> None:
+    """A row with a ``loss_mask``: a line of counts, then one line per document in which each
+    run of trained tokens is shown as ``train:`` and its text, the rest as its text alone."""
+    documents = _documents(tensors, row, keep[row], ids.shape)
+    mask = trained[row] != 0
+    print(
+        f"  row {row}: {len(documents)} documents, {int(keep[row].sum())} tokens, "
+        f"{int(mask[keep[row]].sum())} trained",
+        file=out,
+    )
+    for number, (start, end) in enumerate(documents):
+        runs = _runs(mask[start:end])
+        shown = " ".join(
+            ("train:" if mask[start + a] else "")
+            + detokenize(ids[row, start + a : start + b].tolist())
+            for a, b in runs
+        )
+        print(f"    doc {number}: {_cut(shown, max_chars)}", file=out)
+
+
+def _documents(
+    tensors: dict[str, np.ndarray], row: int, keep: np.ndarray, shape: tuple[int, ...]
+) -> list[tuple[int, int]]:
+    """The [start, end) token ranges of a row's documents: from ``cu_seqlens`` and
+    ``num_docs`` when the batch has them, else where ``segment_ids`` changes, else the row's
+    tokens as one document. Padding (``keep`` False) is in none."""
+    cu = tensors.get("cu_seqlens")
+    count = tensors.get("num_docs")
+    if cu is not None and count is not None and cu.ndim == 2 and row < len(cu):
+        bounds = [int(v) for v in cu[row][: int(count[row]) + 1]]
+        return [(a, b) for a, b in pairwise(bounds) if b > a]
+    segments = _shaped(tensors, "segment_ids", shape)
+    labels = segments[row] if segments is not None else keep.astype(np.int64)
+    return [(a, b) for a, b in _runs(labels) if keep[a]]
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """The [start, end) ranges of equal consecutive ``values``."""
+    if not len(values):
+        return []
+    edges = [0, *(int(i) + 1 for i in np.flatnonzero(values[1:] != values[:-1])), len(values)]
+    return list(pairwise(edges))
+
+
+def _cut(text: str, max_chars: int | None) -> str:
+    return text[:max_chars] + "..." if max_chars is not None and len(text) > max_chars else text
+
+
+def _shaped(tensors: dict[str, np.ndarray], name: str, shape: tuple[int, ...]) -> Any:
+    """Tensor ``name`` when the batch has it with ``shape`` (a row-per-token tensor), else None."""
+    value = tensors.get(name)
+    return value if value is not None and value.shape == shape else None
 
 
 def byte_decode(ids: Sequence[int]) -> str:
@@ -252,12 +320,12 @@ def _detokenizer(spec: str) -> Callable[[list[int]], str]:
 
 def _token_mask(tensors: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
     """True on real tokens: ``padding_mask``, else ``segment_ids != 0``, else everything."""
-    mask = tensors.get("padding_mask")
-    if mask is not None and mask.shape == shape:
-        return mask.astype(bool)
-    segments = tensors.get("segment_ids")
-    if segments is not None and segments.shape == shape:
-        return segments != 0
+    mask = _shaped(tensors, "padding_mask", shape)
+    if mask is not None:
+        return np.asarray(mask, dtype=bool)
+    segments = _shaped(tensors, "segment_ids", shape)
+    if segments is not None:
+        return np.asarray(segments != 0)
     return np.ones(shape, dtype=bool)
 
 

@@ -3,17 +3,25 @@ the stream equals what ``zephon dump`` prints for the same config."""
 
 from __future__ import annotations
 
+import ast
+import io
+import re
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import yaml
 
 from tests.support.chat_helpers import chat_tokenizer
 from zephon_client import DataClient
+from zephon_client.tail import tail
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_server.engine.chat_corpus import write_chat_corpus
 from zephon_testing.servers import dump_digests, server
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(300)]
+
+RUN = re.compile(r"""(train:)?('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")  # tail's runs
 
 
 def test_chat_pipeline_streams_loss_mask_like_dump(tmp_path):
@@ -48,4 +56,16 @@ def test_chat_pipeline_streams_loss_mask_like_dump(tmp_path):
                 pad = batch.tensors["padding_mask"]
                 assert mask.dtype == np.uint8 and mask.shape == batch.tensors["input_ids"].shape
                 assert 0 < int(mask.sum()) < int(pad.sum()) and not np.any(mask[~pad])
+        # zephon tail shows what trains, decoded by the pipeline's own tokenizer: every
+        # trained run of a ChatML conversation is an answer ending in its end of turn.
+        out = io.StringIO()
+        assert tail(srv.address, 0, 1, out=out) == 1
     assert got == expected and all(len(v) >= 3 for v in got.values())
+    runs = [RUN.findall(line) for line in out.getvalue().splitlines() if line.startswith("    doc")]
+    assert len(runs) >= 2 and all(runs)
+    for line in runs:  # pack_flat cuts documents: a row may start or end inside one
+        for (mark, text), _ in pairwise(line):  # a trained run is closed by its end of turn
+            assert not mark or ast.literal_eval(text).endswith("<|im_end|>")
+        assert not any(mark and "<|im_start|>" in text for mark, text in line)
+    headers = [ast.literal_eval(t) for line in runs for (m, t), (n, _) in pairwise(line) if n]
+    assert headers and all(h.endswith("<|im_start|>assistant\n") for h in headers)

@@ -7,9 +7,11 @@ in ``tests/service/test_client_unit.py``.
 
 from __future__ import annotations
 
+import io
 from types import SimpleNamespace
 
 import grpc
+import numpy as np
 import pytest
 
 from zephon_client.options import consumer_name
@@ -18,7 +20,8 @@ from zephon_client.stream import (
     _Item,
     _retryable,
 )
-from zephon_client.tail import byte_decode
+from zephon_client.tail import byte_decode, print_batch
+from zephon_client.wire import DecodedBatch
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -54,6 +57,45 @@ def test_which_failed_calls_are_reopened(code, details, received, retry):
 
 def test_byte_decode_marks_special_ids():
     assert byte_decode([104, 105, 256, 0xC3, 0xA9, 257]) == "hi<256>é<257>"
+
+
+def _chat_batch(**extra: np.ndarray) -> DecodedBatch:
+    """Two packed rows of byte tokens: row 0 holds two documents and padding, row 1 one."""
+    texts = [("Q:hi|", "A:yo|"), ("Q:x|", "A:zz|")]
+    ids = np.zeros((3, 24), dtype=np.int32)
+    mask = np.zeros((3, 24), dtype=np.uint8)
+    segments = np.zeros((3, 24), dtype=np.int32)
+    layout = [[texts[0], texts[1]], [texts[1]], []]
+    for row, docs in enumerate(layout):
+        at = 0
+        for number, (prompt, answer) in enumerate(docs, 1):
+            for text, trained in ((prompt, 0), (answer, 1)):
+                ids[row, at : at + len(text)] = list(text.encode())
+                mask[row, at : at + len(text)] = trained
+                segments[row, at : at + len(text)] = number
+                at += len(text)
+    tensors = {"input_ids": ids, "loss_mask": mask, "segment_ids": segments, **extra}
+    return DecodedBatch(0, 7, tensors)
+
+
+def test_tail_marks_what_trains_document_by_document():
+    out = io.StringIO()
+    print_batch(_chat_batch(), out, detokenize=lambda ids: repr(byte_decode(ids)))
+    lines = out.getvalue().splitlines()
+    assert lines[1:] == [
+        "  row 0: 2 documents, 19 tokens, 10 trained",
+        "    doc 0: 'Q:hi|' train:'A:yo|'",
+        "    doc 1: 'Q:x|' train:'A:zz|'",
+        "  row 1: 1 documents, 9 tokens, 5 trained",
+        "    doc 0: 'Q:x|' train:'A:zz|'",
+        "  row 2: 0 documents, 0 tokens, 0 trained",
+    ]
+    # cu_seqlens says where documents end when the batch has it
+    cu = np.array([[0, 10, 19, 19], [0, 9, 9, 9], [0, 0, 0, 0]], dtype=np.int32)
+    docs = np.array([2, 1, 0], dtype=np.int32)
+    out = io.StringIO()
+    print_batch(_chat_batch(cu_seqlens=cu, num_docs=docs), out, detokenize=repr)
+    assert "    doc 1: [81, 58, 120, 124] train:[65, 58, 122, 122, 124]" in out.getvalue()
 
 
 def test_torch_module_imports_without_torch():
