@@ -208,6 +208,12 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "Hugging Face's `apply_chat_template` (e.g. `{enable_thinking: false}`); not "
         "`messages`, `tools`, `documents` or `add_generation_prompt`, nor one the template "
         "never reads.",
+        "text_datasets": "Datasets whose records are plain text (the dataset's `text_field`), "
+        "not conversations: tokenized as `decode_text` + `tokenize` make them and trained "
+        "whole, to mix pretraining text into a chat pipeline. Unset: none (a record without "
+        "messages is a `chat_error`).",
+        "text_eos": "Append the tokenizer's EOS (trained) to each text of `text_datasets`, as "
+        "`tokenize`'s `add_eos` does.",
     },
     "map_transform": {
         "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "

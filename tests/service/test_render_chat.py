@@ -187,3 +187,59 @@ def run_on_every_runner(tmp_path: Path, convs: list[dict[str, Any]]) -> Any:
         pipe, _ = parse_config(config)
         assert chain_digests(pipe, ExecutionConfig(runner=runner, workers=workers)) == oracle
     return parse_config(config)[0].run(ExecutionConfig(runner="inline"))
+
+
+@pytest.mark.processes
+def test_parquet_conversations_mixed_with_text_are_identical_on_every_runner(tmp_path, tok_dirs):
+    """Hugging Face's ``messages: list<struct<role, content>>`` Parquet column (values that
+    cross to worker processes as lists of dicts) beside a JSONL text dataset trained whole
+    (``text_datasets``), mixed by trained tokens: the same batches on every runner."""
+    from zephon_server.engine.chat_corpus import generate_conversations
+    from zephon_server.engine.config import parse_config
+    from zephon_server.engine.corpus import write_jsonl, write_parquet
+
+    convs = generate_conversations(160, seed=12)
+    for shard in range(2):
+        rows = [{"messages": c["messages"]} for c in convs[shard::2]]
+        write_parquet(tmp_path / "chat" / f"part-{shard}.parquet", rows, row_group_size=16)
+    texts = [{"text": f"web page {i}: " + "a quiet harbor town " * (1 + i % 7)} for i in range(120)]
+    write_jsonl(tmp_path / "web" / "web.jsonl", texts)
+    data = {
+        "seed": 3,
+        "lanes": 2,
+        "chunk_size": 8,
+        "datasets": [
+            {
+                "name": "chat",
+                "path": str(tmp_path / "chat"),
+                "weight": 3.0,
+                "text_field": "messages",
+            },
+            {"name": "web", "path": str(tmp_path / "web"), "weight": 1.0},
+        ],
+        "pipeline": [
+            {"render_chat": {"tokenizer": tok_dirs["chatml"], "text_datasets": ["web"]}},
+            {"ensure_mixture": {"by": "loss_tokens"}},
+            {"pack_flat": {"max_length": 256, "emit_labels": True}},
+            {"batch": {"microbatch_size": 4}},
+        ],
+    }
+
+    def digests(runner: str, workers: int) -> dict[int, list[str]]:
+        pipe, _ = parse_config(data)
+        chains: dict[int, list[str]] = {}
+        trained = 0
+        for batch in pipe.run(ExecutionConfig(runner=runner, workers=workers)).batches():
+            chains.setdefault(batch.lane_id, []).append(batch.chain_digest.hex())
+            trained += int(batch.tensors["loss_mask"].sum())
+            seen.update(span.doc.dataset for row in batch.rows for span in row.spans)
+        assert trained > 0
+        return chains
+
+    seen: set[int] = set()
+
+    oracle = digests("inline", 1)
+    assert len(oracle) == 2 and all(len(v) >= 5 for v in oracle.values())
+    assert seen == {0, 1}  # both datasets reached the batches
+    assert digests("threads", 3) == oracle
+    assert digests("processes", 2) == oracle

@@ -16,7 +16,10 @@ record itself: a JSONL line (or a Parquet value holding JSON, or a list of messa
   ``role_key``, ``content_key`` and ``role_names`` (:mod:`..chat_keys`);
 * or ``prompt`` and ``completion`` lists of messages (TRL's conversational prompt/completion):
   one conversation, ``prompt + completion``, rendered as above, whose prompt messages are
-  never trained (``train_on`` chooses among the completion's).
+  never trained (``train_on`` chooses among the completion's);
+* or, for the datasets named in ``text_datasets``, plain text (the dataset's ``text_field``),
+  tokenized as ``decode_text`` + ``tokenize`` would (the tokenizer's EOS appended when
+  ``text_eos``) and trained whole: pretraining text mixed into a chat pipeline.
 
 The rendered text is tokenized once; a token is trained (mask 1) when its UTF-8 bytes overlap
 a trained range (:mod:`..token_masks`, a micro-batch at once). ``max_length`` keeps the
@@ -59,8 +62,8 @@ from ..token_masks import MASK_DTYPE, encode_masks
 from ..token_offsets import byte_ranges
 from ..tokenizer import Tokenizer, load_tokenizer
 from .bad_record import describe_exception, location, on_bad_record, tokenizer_problem
-from .base import Operator, OpTraits
-from .decode import _parse_problem
+from .base import OpContext, Operator, OpTraits
+from .decode import _parse_problem, _text_of
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,14 @@ FIXES = {
 #: 11: a prompt/completion record starts with what the tokenizer's post-processor writes
 #: before a text (Llama 3's BOS), as ``tokenizer(prompt + completion)`` does.
 LAYOUT_VERSION = 11
+
+
+#: What a record with nothing to learn lacks, by kind (:attr:`Rendered.kind`).
+_EMPTY = {
+    "chat": "no assistant turn",
+    "prompt/completion": "an empty completion",
+    "text": "an empty text",
+}
 
 
 class RecordProblem(Exception):
@@ -179,6 +190,8 @@ class RenderChat(Operator):
         role_key: str = "role",
         content_key: str = "content",
         role_names: dict[str, str] | None = None,
+        text_datasets: list[str] | None = None,
+        text_eos: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -200,6 +213,9 @@ class RenderChat(Operator):
         self.tools_field = tools_field
         self.weight_field = weight_field
         self.template_kwargs = dict(template_kwargs or {})
+        self.text_datasets = tuple(text_datasets or ())
+        self.text_eos = text_eos
+        self._text_ids: frozenset[int] = frozenset()  # their dataset ids (setup)
         self._warned_unwritten = False
         self._warned_cut = False
         self._tokenizer: Tokenizer | None = None
@@ -243,6 +259,19 @@ class RenderChat(Operator):
                 self.source.origin,
                 exc,
             )
+
+    def setup(self, ctx: OpContext) -> None:
+        """Resolve ``text_datasets`` to dataset ids (:class:`ConfigError` for a name that is
+        not one of the pipeline's datasets)."""
+        super().setup(ctx)
+        names = [info.spec.name for info in ctx.datasets]
+        unknown = [name for name in self.text_datasets if name not in names]
+        if unknown:
+            raise ConfigError(
+                f"render_chat: text_datasets names unknown dataset {unknown[0]!r}; the "
+                f"pipeline's datasets are {names}"
+            )
+        self._text_ids = frozenset(names.index(name) for name in self.text_datasets)
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -307,19 +336,24 @@ class RenderChat(Operator):
             "template_kwargs": self.template_kwargs,
             **self.keys.params(),
             "layout": LAYOUT_VERSION,
+            # only when set: pipelines without text datasets keep their fingerprint
+            **({"text": [self.text_datasets, self.text_eos]} if self.text_datasets else {}),
         }
 
     def describe(self) -> str:
         return (
             f"render_chat(tokenizer={self.tokenizer.name!r}, template={self.source.origin!r}, "
-            f"train_on={self.train_on}, max_length={self.max_length})"
+            f"train_on={self.train_on}, max_length={self.max_length}"
+            + (f", text_datasets={list(self.text_datasets)})" if self.text_datasets else ")")
         )
 
     # -- per record --------------------------------------------------------------------------
 
-    def _render(self, payload: dict[str, Any]) -> Rendered:
+    def _render(self, rec: SampleRecord) -> Rendered:
         """The text and trained ranges of one record (raises :class:`RecordProblem`)."""
-        obj = _record_object(payload)
+        if rec.meta.dataset_id in self._text_ids:
+            return self._plain_text(rec)
+        obj = _record_object(rec.payload)
         if isinstance(obj, dict) and self.messages_field not in obj:
             prompt, completion = obj.get(self.prompt_field), obj.get(self.completion_field)
             if isinstance(prompt, list) and isinstance(completion, list):
@@ -330,7 +364,9 @@ class RenderChat(Operator):
             raise RecordProblem(
                 CHAT_ERROR,
                 f"missing messages field {self.messages_field!r} (and no "
-                f"{self.prompt_field!r}/{self.completion_field!r}; fields: {sorted(obj)[:8]})",
+                f"{self.prompt_field!r}/{self.completion_field!r}; fields: {sorted(obj)[:8]}; "
+                "a dataset of plain text is trained whole when render_chat.text_datasets "
+                "names it)",
             )
         value = obj[self.messages_field] if isinstance(obj, dict) else obj
         return self._chat(obj, value, self.messages_field)
@@ -365,6 +401,16 @@ class RenderChat(Operator):
             raise RecordProblem(CHAT_ERROR, str(exc)) from exc
         return Rendered(layout.text, layout.trained, False, "chat", layout.unwritten_reasoning)
 
+    def _plain_text(self, rec: SampleRecord) -> Rendered:
+        """A record of a ``text_datasets`` dataset: its text trained whole, the tokenizer's
+        EOS after it (when ``text_eos``), as ``decode_text`` + ``tokenize`` make it."""
+        field = self.ctx.datasets[rec.meta.dataset_id].spec.text_field
+        text, problem = _text_of(rec.payload, field)
+        if problem is not None:
+            raise RecordProblem("malformed", problem)
+        eos = self.text_eos and self.tokenizer.eos_id >= 0
+        return Rendered(text, ((0, len(text)),) if text else (), eos, "text")
+
     def _prompt_completion(self, prompt: Any, completion: Any) -> Rendered:
         for name, value in ((self.prompt_field, prompt), (self.completion_field, completion)):
             if not isinstance(value, str):
@@ -381,17 +427,18 @@ class RenderChat(Operator):
     def _tokens(self, rendered: Rendered, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         """The payload of a rendered record, after the mask checks (raises RecordProblem)."""
         if rendered.append_eos:
-            ids = np.append(ids, np.int32(self.eos_id)).astype(np.int32)
+            eos = self.tokenizer.eos_id if rendered.kind == "text" else self.eos_id
+            ids = np.append(ids, np.int32(eos)).astype(np.int32)
             mask = np.append(mask, MASK_DTYPE(1))
         trained = int(np.count_nonzero(mask))
         if not trained:
-            what = "no assistant turn" if rendered.kind == "chat" else "an empty completion"
+            what = _EMPTY[rendered.kind]
             raise RecordProblem(
                 MASK_EMPTY,
                 f"nothing to learn: no token of this {rendered.kind} record is trained "
                 f"({what} under train_on: {self.train_on})",
             )
-        if trained == len(mask):
+        if trained == len(mask) and rendered.kind != "text":
             raise RecordProblem(
                 MASK_FULL,
                 f"every token of this {rendered.kind} record would be trained (nothing is "
@@ -416,7 +463,7 @@ class RenderChat(Operator):
         rendered: list[Rendered | RecordProblem] = []
         for rec in elems:
             try:
-                rendered.append(self._render(rec.payload))
+                rendered.append(self._render(rec))
             except RecordProblem as bad:
                 rendered.append(bad)
             except Exception as exc:  # whatever else fails on one record
@@ -562,7 +609,15 @@ def _check_params(values: dict[str, Any]) -> None:
         raise ConfigError(
             f"render_chat: system_prompt must be a string, got {values['system_prompt']!r}"
         )
-    for flag in ("completion_eos", "train_reasoning"):
+    datasets = values["text_datasets"]
+    if datasets is not None and (
+        not isinstance(datasets, list) or not all(isinstance(n, str) and n for n in datasets)
+    ):
+        raise ConfigError(
+            f"render_chat: text_datasets must be a list of dataset names, got {datasets!r} "
+            "(e.g. text_datasets: [web])"
+        )
+    for flag in ("completion_eos", "train_reasoning", "text_eos"):
         if not isinstance(values[flag], bool):
             raise ConfigError(f"render_chat: {flag} must be true or false, got {values[flag]!r}")
     try:

@@ -1,0 +1,119 @@
+"""``render_chat.text_datasets``: pretraining text mixed into a chat pipeline is tokenized as
+``decode_text`` + ``tokenize`` make it and trained whole, while the conversations beside it
+render exactly as in a chat-only pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.chat_helpers import chat_tokenizer
+from zephon_server.engine.chat_corpus import generate_conversations
+from zephon_server.engine.config import parse_config
+from zephon_server.engine.corpus import write_jsonl, write_parquet
+from zephon_server.engine.errors import ConfigError, DataError
+from zephon_server.engine.ops.render_chat import RenderChat
+
+TEXTS = [f"plain document {i}: " + "the harbor and the tower " * (i % 5 + 1) for i in range(20)]
+TEXTS[3] = "naïve café, jalapeño \u2014 über"  # non-ASCII
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> str:
+    return chat_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
+
+
+@pytest.fixture
+def corpora(tmp_path) -> dict[str, Path]:
+    write_jsonl(tmp_path / "chat" / "c.jsonl", generate_conversations(16, seed=5))
+    write_jsonl(tmp_path / "web" / "w.jsonl", [{"body": t, "id": i} for i, t in enumerate(TEXTS)])
+    return {"chat": tmp_path / "chat", "web": tmp_path / "web"}
+
+
+def documents(datasets: list[dict[str, Any]], first: dict[str, Any]) -> dict[tuple, tuple]:
+    """(dataset name, row) -> (ids, loss mask or None) of every document the pipeline makes."""
+    data = {
+        "lanes": 1,
+        "chunk_size": 4,
+        "datasets": [{"weight": 1.0, **d} for d in datasets],
+        "pipeline": [first, {"batch": {"microbatch_size": 1, "drop_last": False}}],
+    }
+    pipe, execution = parse_config(data)
+    names = [d["name"] for d in datasets]
+    out = {}
+    for batch in pipe.run(execution).batches():
+        pad = batch.tensors["padding_mask"][0]
+        mask = batch.tensors.get("loss_mask")
+        (meta,) = batch.rows
+        ids = batch.tensors["input_ids"][0][pad].tolist()
+        out[names[meta.doc.dataset], meta.doc.row] = (
+            ids,
+            None if mask is None else mask[0][pad].tolist(),
+        )
+    return out
+
+
+def test_text_records_are_tokenized_as_tokenize_does_and_trained_whole(corpora, tokenizer):
+    chat = {"name": "chat", "path": str(corpora["chat"])}
+    web = {"name": "web", "path": str(corpora["web"]), "text_field": "body"}
+    mixed = documents(
+        [chat, web], {"render_chat": {"tokenizer": tokenizer, "text_datasets": ["web"]}}
+    )
+    plain = documents([web], {"tokenize": {"tokenizer": tokenizer}})
+    alone = documents([chat], {"render_chat": {"tokenizer": tokenizer}})
+    assert len(plain) == len(TEXTS) and len(alone) == 16
+    for (_, row), (ids, _) in plain.items():
+        assert mixed["web", row] == (ids, [1] * len(ids))  # EOS appended and trained, as tokenize
+    assert {key: value for key, value in mixed.items() if key[0] == "chat"} == alone
+    # text_eos: false leaves the EOS out
+    bare = documents([web], {"render_chat": {"tokenizer": tokenizer, "text_datasets": ["web"]}})
+    no_eos = documents(
+        [web],
+        {"render_chat": {"tokenizer": tokenizer, "text_datasets": ["web"], "text_eos": False}},
+    )
+    assert all(no_eos[key][0] == ids[:-1] for key, (ids, _) in bare.items())
+
+
+def test_parquet_text_beside_parquet_conversations(tmp_path, tokenizer):
+    convs = generate_conversations(8, seed=2)
+    write_parquet(tmp_path / "chat" / "c.parquet", [{"messages": c["messages"]} for c in convs])
+    write_parquet(tmp_path / "web" / "w.parquet", [{"text": t} for t in TEXTS])
+    chat = {"name": "chat", "path": str(tmp_path / "chat"), "text_field": "messages"}
+    web = {"name": "web", "path": str(tmp_path / "web")}
+    op = {"render_chat": {"tokenizer": tokenizer, "text_datasets": ["web"]}}
+    mixed = documents([chat, web], op)
+    plain = documents([web], {"tokenize": {"tokenizer": tokenizer}})
+    assert sum(key[0] == "chat" for key in mixed) == 8
+    assert all(mixed["web", row] == (ids, [1] * len(ids)) for (_, row), (ids, _) in plain.items())
+
+
+def test_a_text_record_without_text_fails_naming_its_file_and_line(corpora, tokenizer):
+    write_jsonl(corpora["web"] / "bad.jsonl", [{"body": "fine"}, {"title": "no body"}])
+    web = {"name": "web", "path": str(corpora["web"] / "bad.jsonl"), "text_field": "body"}
+    with pytest.raises(
+        DataError, match=r"bad\.jsonl:line 2: render_chat: missing text field 'body'"
+    ):
+        documents([web], {"render_chat": {"tokenizer": tokenizer, "text_datasets": ["web"]}})
+
+
+def test_without_text_datasets_plain_text_is_a_chat_error_naming_the_option(corpora, tokenizer):
+    web = {"name": "web", "path": str(corpora["web"]), "text_field": "body"}
+    with pytest.raises(DataError, match=r"render_chat\.text_datasets names it"):
+        documents([web], {"render_chat": {"tokenizer": tokenizer}})
+
+
+def test_text_datasets_must_name_the_pipelines_datasets(corpora, tokenizer):
+    web = {"name": "web", "path": str(corpora["web"]), "text_field": "body"}
+    with pytest.raises(ConfigError, match=r"unknown dataset 'webb'; the pipeline's datasets are"):
+        documents([web], {"render_chat": {"tokenizer": tokenizer, "text_datasets": ["webb"]}})
+    with pytest.raises(ConfigError, match="text_datasets must be a list of dataset names"):
+        RenderChat(tokenizer=tokenizer, text_datasets="web")  # type: ignore[arg-type]
+
+
+def test_the_fingerprint_changes_only_for_pipelines_with_text_datasets(tokenizer):
+    plain = RenderChat(tokenizer=tokenizer).params()
+    assert "text" not in plain  # checkpoints of existing chat pipelines stay valid
+    mixed = RenderChat(tokenizer=tokenizer, text_datasets=["web"], text_eos=False).params()
+    assert mixed == {**plain, "text": [("web",), False]}
