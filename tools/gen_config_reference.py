@@ -455,7 +455,9 @@ def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 CLI_HELP = {
     "--format": "`text`: one line per batch; `json`: tensors and row sources; `digest`: "
-    "`<lane> <seq> <chain digest>`",
+    "`<lane> <seq> <chain digest>`; `decoded`: each row decoded by the pipeline's tokenizer, "
+    "its documents on lines of their own with trained runs marked `train:` (as `zephon tail` "
+    "prints them)",
 }
 
 

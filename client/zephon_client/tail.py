@@ -89,7 +89,7 @@ def tail(
     aio_channel: Any = None
     try:
         info = _server_info(channel, address, tls, timeout, wait, metadata)
-        detokenize = _detokenizer(info.tokenizer) if decode else None
+        detokenize = detokenizer(info.tokenizer) if decode else None
         aio_channel = make_aio_channel(address, tls=tls)
         stream = LaneStream(
             pb_grpc.DataServiceStub(aio_channel),
@@ -299,7 +299,7 @@ def _ids_text(ids: Sequence[int]) -> str:
     return "[" + ", ".join(map(str, ids)) + "]"
 
 
-def _detokenizer(spec: str) -> Callable[[list[int]], str]:
+def detokenizer(spec: str) -> Callable[[list[int]], str]:
     """How to show a row's ids (quoted text, or the ids) given the server's tokenizer spec."""
     if spec == BYTE_TOKENIZER:
         return lambda ids: repr(byte_decode(ids))

@@ -111,6 +111,7 @@ def _print_lanes(
 
     wanted = args.batches
     out = sys.stdout
+    show = _decoded_printer(run.plan) if args.format == "decoded" else None
     for item in run:
         if item.lane_id not in counts:
             continue  # a lane run only for the common end (end_of_data)
@@ -122,6 +123,8 @@ def _print_lanes(
                 out.write(f"{item.lane_id} {item.seq} {item.chain_digest.hex()}\n")
             elif args.format == "json":
                 out.write(json.dumps(batch_json(item)) + "\n")
+            elif show is not None:
+                show(item, out)
             else:
                 shapes = " ".join(f"{k}{list(v.shape)}" for k, v in sorted(item.tensors.items()))
                 out.write(
@@ -132,6 +135,31 @@ def _print_lanes(
                 open_lanes.discard(item.lane_id)
         if not open_lanes:
             break
+
+
+def _decoded_printer(plan: Any) -> Any:
+    """``zephon dump --format decoded``'s printer: each batch as ``zephon tail`` prints it
+    (rows decoded by the pipeline's tokenizer, trained runs marked), from the client package
+    (:class:`ZephonError` naming the install when it is missing)."""
+    try:
+        from zephon_client.tail import detokenizer, print_batch
+        from zephon_client.wire import DecodedBatch
+    except ImportError as exc:
+        raise ZephonError(
+            f"zephon dump --format decoded prints batches as zephon tail does, with the client "
+            f"package zephon_client ({exc}); install the project with its client "
+            "(pip install zephon-service), or use --format text"
+        ) from None
+    from .engine.planner import TOKENIZING
+
+    tokenizers = [op for op in plan.ops if isinstance(op, TOKENIZING)]
+    decode = detokenizer(tokenizers[-1].tokenizer_spec if tokenizers else "")
+
+    def show(item: Any, out: Any) -> None:
+        batch = DecodedBatch(item.lane_id, item.seq, dict(item.tensors))
+        print_batch(batch, out, detokenize=decode)
+
+    return show
 
 
 def _dump_lanes(plan: Any, lanes: list[int] | None, resume: Any) -> list[int] | None:
@@ -290,7 +318,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pipeline_args(p)
     p.add_argument("--lanes", help="lanes to dump, e.g. 0,1 or 0-3 (default: all)")
     p.add_argument("--batches", type=int, default=4, help="batches per lane, >= 1 (default 4)")
-    p.add_argument("--format", choices=("text", "json", "digest"), default="text")
+    p.add_argument(
+        "--format",
+        choices=("text", "json", "digest", "decoded"),
+        default="text",
+        help="text: a line per batch; json: the batch as JSON; digest: its chain digest; "
+        "decoded: its rows as text, trained runs marked train: (as zephon tail prints them)",
+    )
     p.add_argument("--save-state", metavar="FILE", help="write the resume state after the dump")
     p.add_argument("--resume-state", metavar="FILE", help="continue each lane from a state file")
     checkpoint_key_arg(p, "sign --save-state and require --resume-state signed with")

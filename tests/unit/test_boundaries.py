@@ -197,12 +197,13 @@ def test_the_server_has_no_import_cycle_between_its_parts():
     assert cycles(imports(SERVER)) == []
 
 
-def test_the_server_uses_the_client_only_in_the_tail_command():
+def test_the_server_uses_the_client_only_to_print_batches_as_tail_does():
     found = imports(SERVER)
     uses = {(m, f) for m, name, f in found if name.split(".")[0] == "zephon_client"}
     assert uses == {
         ("zephon_server.cli", "cmd_tail"),
         ("zephon_server.cli", "_tail_connection_arguments"),
+        ("zephon_server.cli", "_decoded_printer"),  # dump --format decoded prints as tail
     }
 
 

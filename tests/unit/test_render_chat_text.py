@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.chat_helpers import chat_tokenizer
 from zephon_server.engine.chat_corpus import generate_conversations
@@ -117,3 +118,41 @@ def test_the_fingerprint_changes_only_for_pipelines_with_text_datasets(tokenizer
     assert "text" not in plain  # checkpoints of existing chat pipelines stay valid
     mixed = RenderChat(tokenizer=tokenizer, text_datasets=["web"], text_eos=False).params()
     assert mixed == {**plain, "text": [("web",), False]}
+
+
+def test_zephon_dump_decoded_shows_text_trained_whole_and_chat_headers_untrained(
+    corpora, tokenizer, tmp_path, capsys
+):
+    from zephon_server.cli import main
+
+    config = tmp_path / "mixed.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "lanes": 1,
+                "chunk_size": 4,
+                "datasets": [
+                    {"name": "chat", "path": str(corpora["chat"]), "weight": 1.0},
+                    {
+                        "name": "web",
+                        "path": str(corpora["web"]),
+                        "weight": 1.0,
+                        "text_field": "body",
+                    },
+                ],
+                "pipeline": [
+                    {"render_chat": {"tokenizer": tokenizer, "text_datasets": ["web"]}},
+                    {"batch": {"microbatch_size": 1, "drop_last": False}},
+                ],
+                "execution": {"runner": "inline"},
+            }
+        )
+    )
+    assert main(["dump", "--config", str(config), "--batches", "40", "--format", "decoded"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    docs = [line.removeprefix("    doc 0: ") for line in lines if line.startswith("    doc 0: ")]
+    texts = [d for d in docs if d.startswith("train:")]  # a text: one run, all of it trained
+    chats = [d for d in docs if d.startswith("'<|im_start|>")]
+    assert (len(texts), len(chats), len(docs)) == (20, 16, 36)
+    assert all(" '" not in d and " train:" not in d for d in texts)
+    assert all("<|im_start|>assistant\\n' train:" in d for d in chats)
