@@ -209,11 +209,15 @@ OPERATOR_PARAMS: dict[str, dict[str, str]] = {
         "`messages`, `tools`, `documents` or `add_generation_prompt`, nor one the template "
         "never reads.",
         "text_datasets": "Datasets whose records are plain text (the dataset's `text_field`), "
-        "not conversations: tokenized as `decode_text` + `tokenize` make them and trained "
-        "whole, to mix pretraining text into a chat pipeline. Unset: none (a record without "
-        "messages is a `chat_error`).",
+        "not conversations: tokenized as `decode_text` + `tokenize` make them (`max_length` "
+        "splits a text into pieces as `tokenize`'s does; nothing is cut) and trained whole, to "
+        "mix pretraining text into a chat pipeline. Unset: none (a record without messages is "
+        "a `chat_error`).",
+        "text_bos": "Put the tokenizer's BOS before each text of `text_datasets`, as "
+        "`tokenize`'s `add_bos` does (Llama-style pretraining); refused when the tokenizer has "
+        "none.",
         "text_eos": "Append the tokenizer's EOS (trained) to each text of `text_datasets`, as "
-        "`tokenize`'s `add_eos` does.",
+        "`tokenize`'s `add_eos` does; refused when the tokenizer has none (set it false).",
     },
     "map_transform": {
         "fn": "`module:function` taking a payload dict and returning a payload dict, or `None` "

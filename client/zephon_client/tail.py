@@ -1,14 +1,8 @@
 """``zephon tail``: print a lane's batches as a server streams them.
 
-Each batch prints a header ``lane L seq S`` with its row count and tensor shapes, then (when
-``decode``) one line per row with its tokens decoded: with the server's built-in ``byte``
-tokenizer ids below 256 are UTF-8 bytes and other ids print as ``<id>``; with a
-``tokenizer.json`` path that exists here and the ``tokenizers`` package installed, the
-Hugging Face tokenizer decodes them; otherwise the ids are printed. Padding is skipped using
-``padding_mask`` (True on tokens) or ``segment_ids`` (0 on padding) when the batch has them.
-A batch with a ``loss_mask`` (chat and instruction pipelines) prints each row's documents on
-lines of their own (from ``cu_seqlens``, else ``segment_ids``), every run of trained tokens
-marked ``train:``: what the model learns, as it reaches the trainer.
+Each batch prints as :mod:`.batch_text` shows it: a header ``lane L seq S`` with its row
+count and tensor shapes, then (when ``decode``) its rows decoded, documents and trained runs
+marked when the batch has a ``loss_mask``.
 
 The reader registers as consumer ``tail-<pid>`` and acknowledges only what it printed.
 Run it as ``python -m zephon_client.tail ADDRESS LANE``.
@@ -17,29 +11,27 @@ Run it as ``python -m zephon_client.tail ADDRESS LANE``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from itertools import pairwise
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import grpc
-import numpy as np
 
 from zephon_proto.v1 import data_service_pb2 as pb
 from zephon_proto.v1 import data_service_pb2_grpc as pb_grpc
 
+from .batch_text import BYTE_TOKENIZER, byte_decode, detokenizer, print_batch
 from .channel import TLSConfig, auth_metadata, close_aio_channel, make_aio_channel, make_channel
 from .connect_hint import diagnose_error
 from .errors import ZephonClientError
 from .options import whole_number
 from .stream import LaneStream
-from .wire import DecodedBatch, LaneEnd, decode_end
+from .wire import LaneEnd, decode_end
 
-BYTE_TOKENIZER = "byte"
+__all__ = ["BYTE_TOKENIZER", "byte_decode", "detokenizer", "end_line", "print_batch", "tail"]
 
 
 def end_line(end: LaneEnd) -> str:
@@ -81,6 +73,8 @@ def tail(
         whole_number("start_seq", start_seq, 0, "a seq")
         if count is not None:
             whole_number("count", count, 1, "batches to print; None for all")
+        if max_chars is not None:
+            whole_number("max_chars", max_chars, 1, "characters per row; None for all")
     except ValueError as exc:
         raise ZephonClientError(None, str(exc)) from None
     metadata = auth_metadata(auth_token)
@@ -185,156 +179,6 @@ def _print_stream(
                 address=address,
             )
     return printed
-
-
-def print_batch(
-    batch: DecodedBatch,
-    out: TextIO,
-    *,
-    detokenize: Callable[[list[int]], str] | None = None,
-    max_chars: int | None = None,
-) -> None:
-    """Print one batch: header with tensor shapes, then each row shown by ``detokenize``."""
-    shapes = "  ".join(
-        f"{name}{list(arr.shape)}:{arr.dtype.name}" for name, arr in sorted(batch.tensors.items())
-    )
-    rows = _row_count(batch)
-    print(f"lane {batch.lane} seq {batch.seq}  rows={rows}  {shapes}", file=out)
-    if detokenize is None or "input_ids" not in batch.tensors:
-        return
-    ids = batch.tensors["input_ids"]
-    if ids.ndim == 1:
-        ids = ids[None, :]
-    keep = _token_mask(batch.tensors, ids.shape)
-    trained = _shaped(batch.tensors, "loss_mask", ids.shape)
-    for row in range(ids.shape[0]):
-        if trained is not None:
-            _print_trained_row(batch.tensors, row, ids, keep, trained, out, detokenize, max_chars)
-            continue
-        row_ids = [int(v) for v in ids[row][keep[row]]]
-        print(f"  row {row}: {_cut(detokenize(row_ids), max_chars)}", file=out)
-
-
-def _print_trained_row(
-    tensors: dict[str, np.ndarray],
-    row: int,
-    ids: np.ndarray,
-    keep: np.ndarray,
-    trained: np.ndarray,
-    out: TextIO,
-    detokenize: Callable[[list[int]], str],
-    max_chars: int | None,
-) -> None:
-    """A row with a ``loss_mask``: a line of counts, then one line per document in which each
-    run of trained tokens is shown as ``train:`` and its text, the rest as its text alone."""
-    documents = _documents(tensors, row, keep[row], ids.shape)
-    mask = trained[row] != 0
-    print(
-        f"  row {row}: {len(documents)} documents, {int(keep[row].sum())} tokens, "
-        f"{int(mask[keep[row]].sum())} trained",
-        file=out,
-    )
-    for number, (start, end) in enumerate(documents):
-        runs = _runs(mask[start:end])
-        shown = " ".join(
-            ("train:" if mask[start + a] else "")
-            + detokenize(ids[row, start + a : start + b].tolist())
-            for a, b in runs
-        )
-        print(f"    doc {number}: {_cut(shown, max_chars)}", file=out)
-
-
-def _documents(
-    tensors: dict[str, np.ndarray], row: int, keep: np.ndarray, shape: tuple[int, ...]
-) -> list[tuple[int, int]]:
-    """The [start, end) token ranges of a row's documents: from ``cu_seqlens`` and
-    ``num_docs`` when the batch has them, else where ``segment_ids`` changes, else the row's
-    tokens as one document. Padding (``keep`` False) is in none."""
-    cu = tensors.get("cu_seqlens")
-    count = tensors.get("num_docs")
-    if cu is not None and count is not None and cu.ndim == 2 and row < len(cu):
-        bounds = [int(v) for v in cu[row][: int(count[row]) + 1]]
-        return [(a, b) for a, b in pairwise(bounds) if b > a]
-    segments = _shaped(tensors, "segment_ids", shape)
-    labels = segments[row] if segments is not None else keep.astype(np.int64)
-    return [(a, b) for a, b in _runs(labels) if keep[a]]
-
-
-def _runs(values: np.ndarray) -> list[tuple[int, int]]:
-    """The [start, end) ranges of equal consecutive ``values``."""
-    if not len(values):
-        return []
-    edges = [0, *(int(i) + 1 for i in np.flatnonzero(values[1:] != values[:-1])), len(values)]
-    return list(pairwise(edges))
-
-
-def _cut(text: str, max_chars: int | None) -> str:
-    return text[:max_chars] + "..." if max_chars is not None and len(text) > max_chars else text
-
-
-def _shaped(tensors: dict[str, np.ndarray], name: str, shape: tuple[int, ...]) -> Any:
-    """Tensor ``name`` when the batch has it with ``shape`` (a row-per-token tensor), else None."""
-    value = tensors.get(name)
-    return value if value is not None and value.shape == shape else None
-
-
-def byte_decode(ids: Sequence[int]) -> str:
-    """The byte tokenizer's ids as text: runs of ids < 256 as UTF-8, others as ``<id>``."""
-    parts: list[str] = []
-    run = bytearray()
-    for token in ids:
-        if 0 <= token < 256:
-            run.append(token)
-            continue
-        if run:
-            parts.append(run.decode("utf-8", errors="replace"))
-            run.clear()
-        parts.append(f"<{token}>")
-    if run:
-        parts.append(run.decode("utf-8", errors="replace"))
-    return "".join(parts)
-
-
-def _ids_text(ids: Sequence[int]) -> str:
-    return "[" + ", ".join(map(str, ids)) + "]"
-
-
-def detokenizer(spec: str) -> Callable[[list[int]], str]:
-    """How to show a row's ids (quoted text, or the ids) given the server's tokenizer spec."""
-    if spec == BYTE_TOKENIZER:
-        return lambda ids: repr(byte_decode(ids))
-    if spec and os.path.isfile(spec):
-        try:
-            # Optional dependency, imported by name so the client installs without it.
-            tokenizers: Any = importlib.import_module("tokenizers")
-        except ImportError:
-            return _ids_text
-        tokenizer = tokenizers.Tokenizer.from_file(spec)
-
-        def hf_decode(ids: list[int]) -> str:
-            return repr(str(tokenizer.decode(ids, skip_special_tokens=False)))
-
-        return hf_decode
-    return _ids_text
-
-
-def _token_mask(tensors: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    """True on real tokens: ``padding_mask``, else ``segment_ids != 0``, else everything."""
-    mask = _shaped(tensors, "padding_mask", shape)
-    if mask is not None:
-        return np.asarray(mask, dtype=bool)
-    segments = _shaped(tensors, "segment_ids", shape)
-    if segments is not None:
-        return np.asarray(segments != 0)
-    return np.ones(shape, dtype=bool)
-
-
-def _row_count(batch: DecodedBatch) -> int:
-    if batch.rows:
-        return len(batch.rows)
-    for arr in batch.tensors.values():
-        return int(arr.shape[0]) if arr.ndim else 1
-    return 0
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:

@@ -142,7 +142,7 @@ def _decoded_printer(plan: Any) -> Any:
     (rows decoded by the pipeline's tokenizer, trained runs marked), from the client package
     (:class:`ZephonError` naming the install when it is missing)."""
     try:
-        from zephon_client.tail import detokenizer, print_batch
+        from zephon_client.batch_text import detokenizer, print_batch
         from zephon_client.wire import DecodedBatch
     except ImportError as exc:
         raise ZephonError(
@@ -273,6 +273,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             args.count or None,
             start_seq=args.start_seq,
             decode=not args.no_decode,
+            max_chars=args.max_chars,
             **connection_options(args),
         )
     except ZephonClientError as exc:
@@ -350,6 +351,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--start-seq", type=int, default=0, help="the first seq to read (default 0)")
     p.add_argument(
         "--no-decode", action="store_true", help="print each batch's header line only, no text"
+    )
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cut each printed row (or document) after N characters (default: whole)",
     )
     if command in (None, "tail"):  # the client is imported for tail alone (a serve's start-up)
         _tail_connection_arguments(p)

@@ -14,13 +14,13 @@ import grpc
 import numpy as np
 import pytest
 
+from zephon_client.batch_text import Detokenizer, byte_decode, print_batch
 from zephon_client.options import consumer_name
 from zephon_client.stream import (
     CORE_INTERNAL_DETAILS,
     _Item,
     _retryable,
 )
-from zephon_client.tail import byte_decode, print_batch
 from zephon_client.wire import DecodedBatch
 
 pytestmark = pytest.mark.timeout(20)
@@ -86,7 +86,7 @@ def test_tail_marks_what_trains_document_by_document():
         "  row 0: 2 documents, 19 tokens, 10 trained",
         "    doc 0: 'Q:hi|' train:'A:yo|'",
         "    doc 1: 'Q:x|' train:'A:zz|'",
-        "  row 1: 1 documents, 9 tokens, 5 trained",
+        "  row 1: 1 document, 9 tokens, 5 trained",
         "    doc 0: 'Q:x|' train:'A:zz|'",
         "  row 2: 0 documents, 0 tokens, 0 trained",
     ]
@@ -96,6 +96,23 @@ def test_tail_marks_what_trains_document_by_document():
     out = io.StringIO()
     print_batch(_chat_batch(cu_seqlens=cu, num_docs=docs), out, detokenize=repr)
     assert "    doc 1: [81, 58, 120, 124] train:[65, 58, 122, 122, 124]" in out.getvalue()
+
+
+def test_runs_decode_as_one_text_keeping_a_leading_space_and_split_characters():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "\u2581say": 1, "\u2581hi": 2, "\u2581with": 3, "\u2581a": 4}
+    sentencepiece = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    sentencepiece.pre_tokenizer = pre_tokenizers.Metaspace()
+    sentencepiece.decoder = decoders.Metaspace()  # drops the space a text starts with
+    show = Detokenizer(sentencepiece.decode)
+    assert show([3, 4]) == "'with a'"  # decoded alone, the run loses its space
+    assert show.pieces([1, 2, 3, 4], [0, 2, 4]) == ["'say hi'", "' with a'"]
+    # a character whose two bytes two runs share shows whole where it is completed
+    show = Detokenizer(byte_decode)
+    ids = list("caf\u00e9s".encode())
+    assert show.pieces(ids, [0, 4, 6]) == ["'caf'", "'\u00e9s'"]
+    assert Detokenizer(None).pieces([5, 6, 7], [0, 1, 3]) == ["[5]", "[6, 7]"]
 
 
 def test_torch_module_imports_without_torch():

@@ -157,6 +157,8 @@ def _check_chat_chain(ops: list[Operator]) -> None:
 def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     """Resolve datasets, check the chain, group into stages and steps."""
     ops = _check_chain(list(pipeline.ops))
+    for op in ops:  # before any shard is listed: a misspelt name fails at once
+        op.check_datasets([spec.name for spec in pipeline.datasets])
     register_buckets(pipeline.datasets)  # an index in a dataset's bucket uses its options
     index = open_index_dir(
         execution.index_dir,

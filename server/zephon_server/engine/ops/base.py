@@ -189,6 +189,11 @@ class Operator(abc.ABC):
             self.microbatch_size, max_latency_ms=None if deterministic else self.max_latency_ms
         )
 
+    def check_datasets(self, names: list[str]) -> None:  # noqa: B027 - an optional hook
+        """Raise :class:`~..errors.ConfigError` when a parameter names a dataset the pipeline
+        lacks; ``names`` are the pipeline's datasets. Called when the plan is compiled (so
+        ``zephon explain`` and the server's start-up refuse it), before any ``setup``."""
+
     def setup(self, ctx: OpContext) -> None:
         """Runs once per worker before any data arrives."""
         self.ctx = ctx

@@ -333,6 +333,15 @@ class EnsureMixture(Operator):
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=False, fusable=False)
 
+    def check_datasets(self, names: list[str]) -> None:
+        """:class:`ConfigError` for a name of ``weights`` that is not one of ``names``."""
+        unknown = [name for name in self.weights or () if name not in names]
+        if unknown:
+            raise ConfigError(
+                f"ensure_mixture: weights names unknown dataset {unknown[0]!r}; "
+                f"known datasets: {names}"
+            )
+
     def resolve_weights(self, ctx: OpContext) -> dict[int, int]:
         """Integer weight per dataset id (position in ``ctx.datasets``); others pass through.
 
@@ -342,12 +351,7 @@ class EnsureMixture(Operator):
         if self.weights is None:
             chosen = {i: float(info.spec.weight) for i, info in enumerate(ctx.datasets)}
         else:
-            unknown = [name for name in self.weights if name not in names]
-            if unknown:
-                raise ConfigError(
-                    f"ensure_mixture: weights names unknown dataset {unknown[0]!r}; "
-                    f"known datasets: {names}"
-                )
+            self.check_datasets(names)
             chosen = {names.index(name): float(w) for name, w in self.weights.items()}
         return {d: max(1, round(w * WEIGHT_SCALE)) for d, w in sorted(chosen.items()) if w > 0}
 

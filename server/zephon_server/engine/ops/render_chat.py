@@ -18,8 +18,8 @@ record itself: a JSONL line (or a Parquet value holding JSON, or a list of messa
   one conversation, ``prompt + completion``, rendered as above, whose prompt messages are
   never trained (``train_on`` chooses among the completion's);
 * or, for the datasets named in ``text_datasets``, plain text (the dataset's ``text_field``),
-  tokenized as ``decode_text`` + ``tokenize`` would (the tokenizer's EOS appended when
-  ``text_eos``) and trained whole: pretraining text mixed into a chat pipeline.
+  tokenized as ``decode_text`` + ``tokenize`` would, split rather than cut by ``max_length``,
+  and trained whole: pretraining text mixed into a chat pipeline (:mod:`..chat_text`).
 
 The rendered text is tokenized once; a token is trained (mask 1) when its UTF-8 bytes overlap
 a trained range (:mod:`..token_masks`, a micro-batch at once). ``max_length`` keeps the
@@ -55,6 +55,7 @@ from ..chat_template import (
     TemplateSource,
     find_template,
 )
+from ..chat_text import EMPTY_FIX, TextDatasets, trained_prefix
 from ..errors import ConfigError, DataError
 from ..json_line import loads_line
 from ..records import SampleRecord, Span
@@ -118,12 +119,14 @@ _EMPTY = {
 
 
 class RecordProblem(Exception):
-    """One record's problem: a tombstone reason and the text for the error message."""
+    """One record's problem: a tombstone reason, the text for the error message, and the fix
+    it names (default: the reason's, :data:`FIXES`)."""
 
-    def __init__(self, reason: str, problem: str) -> None:
+    def __init__(self, reason: str, problem: str, fix: str | None = None) -> None:
         super().__init__(problem)
         self.reason = reason
         self.problem = problem
+        self.fix = fix or FIXES[reason]
 
 
 @dataclass(frozen=True)
@@ -135,8 +138,9 @@ class Rendered:
     append_eos: bool
     kind: str
     unwritten_reasoning: int | None = None  # a trained message whose reasoning is not written
-    #: Ids put before the text, untrained (a prompt/completion record's BOS, as the
-    #: tokenizer's post-processor writes it for ``tokenizer(prompt + completion)``).
+    #: Ids put before the text (a prompt/completion record's BOS, as the tokenizer's
+    #: post-processor writes it for ``tokenizer(prompt + completion)``, untrained; a plain
+    #: text's ``text_bos``, trained).
     prefix: tuple[int, ...] = ()
 
 
@@ -151,7 +155,14 @@ def _record_object(payload: dict[str, Any]) -> Any:
     try:
         return loads_line(value)
     except Exception as exc:  # any failure parsing one record is that record's problem
-        raise RecordProblem("malformed", _parse_problem(exc)) from exc
+        hint = "" if "raw" in payload else _PLAIN_COLUMN
+        raise RecordProblem("malformed", _parse_problem(exc) + hint) from exc
+
+
+_PLAIN_COLUMN = (
+    "; a chat dataset's column holds each record as JSON or its messages as a list (a column "
+    "of plain text is read as text when render_chat.text_datasets names its dataset)"
+)
 
 
 class RenderChat(Operator):
@@ -191,6 +202,7 @@ class RenderChat(Operator):
         content_key: str = "content",
         role_names: dict[str, str] | None = None,
         text_datasets: list[str] | None = None,
+        text_bos: bool = False,
         text_eos: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -213,15 +225,13 @@ class RenderChat(Operator):
         self.tools_field = tools_field
         self.weight_field = weight_field
         self.template_kwargs = dict(template_kwargs or {})
-        self.text_datasets = tuple(text_datasets or ())
-        self.text_eos = text_eos
-        self._text_ids: frozenset[int] = frozenset()  # their dataset ids (setup)
+        self.texts = TextDatasets(text_datasets, text_bos, text_eos)
         self._warned_unwritten = False
         self._warned_cut = False
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._skeletons: Skeletons | None = None
-        self.tokenizer  # noqa: B018 - validate at construction (fails fast on a bad path)
+        self.texts.check_tokenizer(self.tokenizer)  # also loads it: fails fast on a bad path
         self.source: TemplateSource = find_template(tokenizer, template)
         #: Whether the template (or its "tool_use" one) names the reasoning field at all: one
         #: that never does (Qwen2.5's, Llama 3.2's) leaves every reasoning out.
@@ -260,18 +270,14 @@ class RenderChat(Operator):
                 exc,
             )
 
+    def check_datasets(self, names: list[str]) -> None:
+        """:class:`ConfigError` when ``text_datasets`` names a dataset the pipeline lacks."""
+        self.texts.check_names(names)
+
     def setup(self, ctx: OpContext) -> None:
-        """Resolve ``text_datasets`` to dataset ids (:class:`ConfigError` for a name that is
-        not one of the pipeline's datasets)."""
+        """Resolve ``text_datasets`` to dataset ids."""
         super().setup(ctx)
-        names = [info.spec.name for info in ctx.datasets]
-        unknown = [name for name in self.text_datasets if name not in names]
-        if unknown:
-            raise ConfigError(
-                f"render_chat: text_datasets names unknown dataset {unknown[0]!r}; the "
-                f"pipeline's datasets are {names}"
-            )
-        self._text_ids = frozenset(names.index(name) for name in self.text_datasets)
+        self.texts.resolve([info.spec.name for info in ctx.datasets])
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -336,22 +342,20 @@ class RenderChat(Operator):
             "template_kwargs": self.template_kwargs,
             **self.keys.params(),
             "layout": LAYOUT_VERSION,
-            # only when set: pipelines without text datasets keep their fingerprint
-            **({"text": [self.text_datasets, self.text_eos]} if self.text_datasets else {}),
+            **self.texts.params(),
         }
 
     def describe(self) -> str:
         return (
             f"render_chat(tokenizer={self.tokenizer.name!r}, template={self.source.origin!r}, "
-            f"train_on={self.train_on}, max_length={self.max_length}"
-            + (f", text_datasets={list(self.text_datasets)})" if self.text_datasets else ")")
+            f"train_on={self.train_on}, max_length={self.max_length}{self.texts.describe()})"
         )
 
     # -- per record --------------------------------------------------------------------------
 
     def _render(self, rec: SampleRecord) -> Rendered:
         """The text and trained ranges of one record (raises :class:`RecordProblem`)."""
-        if rec.meta.dataset_id in self._text_ids:
+        if rec.meta.dataset_id in self.texts.ids:
             return self._plain_text(rec)
         obj = _record_object(rec.payload)
         if isinstance(obj, dict) and self.messages_field not in obj:
@@ -402,14 +406,17 @@ class RenderChat(Operator):
         return Rendered(layout.text, layout.trained, False, "chat", layout.unwritten_reasoning)
 
     def _plain_text(self, rec: SampleRecord) -> Rendered:
-        """A record of a ``text_datasets`` dataset: its text trained whole, the tokenizer's
-        EOS after it (when ``text_eos``), as ``decode_text`` + ``tokenize`` make it."""
-        field = self.ctx.datasets[rec.meta.dataset_id].spec.text_field
-        text, problem = _text_of(rec.payload, field)
+        """A record of a ``text_datasets`` dataset (:mod:`..chat_text`): its text trained
+        whole, as ``decode_text`` + ``tokenize`` make it."""
+        spec = self.ctx.datasets[rec.meta.dataset_id].spec
+        text, problem = _text_of(rec.payload, spec.text_field)
         if problem is not None:
-            raise RecordProblem("malformed", problem)
-        eos = self.text_eos and self.tokenizer.eos_id >= 0
-        return Rendered(text, ((0, len(text)),) if text else (), eos, "text")
+            hint = self.texts.chat_hint(rec.payload, self.messages_field, spec.name)
+            raise RecordProblem("malformed", problem + hint)
+        self.texts.warn_if_chat(rec, self.messages_field, self._where(rec))
+        prefix = (self.tokenizer.bos_id,) if self.texts.bos else ()
+        trained = ((0, len(text)),) if text else ()
+        return Rendered(text, trained, self.texts.eos, "text", None, prefix)
 
     def _prompt_completion(self, prompt: Any, completion: Any) -> Rendered:
         for name, value in ((self.prompt_field, prompt), (self.completion_field, completion)):
@@ -432,11 +439,13 @@ class RenderChat(Operator):
             mask = np.append(mask, MASK_DTYPE(1))
         trained = int(np.count_nonzero(mask))
         if not trained:
-            what = _EMPTY[rendered.kind]
+            text = rendered.kind == "text"
             raise RecordProblem(
                 MASK_EMPTY,
                 f"nothing to learn: no token of this {rendered.kind} record is trained "
-                f"({what} under train_on: {self.train_on})",
+                f"({_EMPTY[rendered.kind]}"
+                + (" without text_eos)" if text else f" under train_on: {self.train_on})"),
+                EMPTY_FIX if text else None,
             )
         if trained == len(mask) and rendered.kind != "text":
             raise RecordProblem(
@@ -446,8 +455,9 @@ class RenderChat(Operator):
             )
         if rendered.prefix:  # after the checks: a BOS is not a prompt
             ids = np.concatenate([np.asarray(rendered.prefix, dtype=np.int32), ids])
-            mask = np.concatenate([np.zeros(len(rendered.prefix), dtype=MASK_DTYPE), mask])
-        if self.max_length is not None and len(ids) > self.max_length:
+            mask = np.concatenate([trained_prefix(rendered.prefix, rendered.kind), mask])
+        cut = self.max_length is not None and rendered.kind != "text"  # texts are split
+        if cut and len(ids) > cast(int, self.max_length):
             ids, mask = ids[: self.max_length], mask[: self.max_length]
             if not mask.any():
                 raise RecordProblem(
@@ -485,6 +495,9 @@ class RenderChat(Operator):
                 payload = self._tokens(item, *result)
             except RecordProblem as problem:
                 out.append(self._failed(rec, problem))
+                continue
+            if item.kind == "text":
+                out.extend(self.texts.pieces(rec, payload, self.max_length))
                 continue
             n = len(payload["input_ids"])
             if n == self.max_length and not self._warned_cut:
@@ -558,7 +571,7 @@ class RenderChat(Operator):
         if not datasets or rec.meta.doc is None:
             raise DataError(f"{text} (record {rec.meta.cursor})") from problem
         info = datasets[rec.meta.dataset_id]
-        return on_bad_record(rec, info, problem.reason, text, fix=FIXES[problem.reason])
+        return on_bad_record(rec, info, problem.reason, text, fix=problem.fix)
 
 
 def _check_params(values: dict[str, Any]) -> None:
@@ -609,15 +622,7 @@ def _check_params(values: dict[str, Any]) -> None:
         raise ConfigError(
             f"render_chat: system_prompt must be a string, got {values['system_prompt']!r}"
         )
-    datasets = values["text_datasets"]
-    if datasets is not None and (
-        not isinstance(datasets, list) or not all(isinstance(n, str) and n for n in datasets)
-    ):
-        raise ConfigError(
-            f"render_chat: text_datasets must be a list of dataset names, got {datasets!r} "
-            "(e.g. text_datasets: [web])"
-        )
-    for flag in ("completion_eos", "train_reasoning", "text_eos"):
+    for flag in ("completion_eos", "train_reasoning"):
         if not isinstance(values[flag], bool):
             raise ConfigError(f"render_chat: {flag} must be true or false, got {values[flag]!r}")
     try:
