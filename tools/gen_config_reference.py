@@ -103,6 +103,10 @@ DATASET = {
     "Parquet value's UTF-8 or binary length), >= 1. A larger one follows `on_error`: `fail` "
     "stops naming file, line, size and limit; `skip` drops it as `too_large` (a plain JSONL "
     "line that long is not even read).",
+    "record_columns": "`render_chat` pipelines: the Parquet columns that make one record, read "
+    "as `{column: value}` (`[prompt, completion]`, `[messages, tools]`), where one JSON "
+    "column cannot hold it. `max_document_bytes` bounds each column's value. Unset: the "
+    "`text_field` column. A JSONL record is read whole either way.",
 }
 
 STORAGE = {

@@ -193,7 +193,8 @@ def run_on_every_runner(tmp_path: Path, convs: list[dict[str, Any]]) -> Any:
 def test_parquet_conversations_mixed_with_text_are_identical_on_every_runner(tmp_path, tok_dirs):
     """Hugging Face's ``messages: list<struct<role, content>>`` Parquet column (values that
     cross to worker processes as lists of dicts) beside a JSONL text dataset trained whole
-    (``text_datasets``), mixed by trained tokens: the same batches on every runner."""
+    (``text_datasets``) and prompt/completion columns (``record_columns``), mixed by trained
+    tokens: the same batches on every runner."""
     from zephon_server.engine.chat_corpus import generate_conversations
     from zephon_server.engine.config import parse_config
     from zephon_server.engine.corpus import write_jsonl, write_parquet
@@ -204,6 +205,11 @@ def test_parquet_conversations_mixed_with_text_are_identical_on_every_runner(tmp
         write_parquet(tmp_path / "chat" / f"part-{shard}.parquet", rows, row_group_size=16)
     texts = [{"text": f"web page {i}: " + "a quiet harbor town " * (1 + i % 7)} for i in range(120)]
     write_jsonl(tmp_path / "web" / "web.jsonl", texts)
+    pairs = [
+        {"prompt": f"q{i}: " + c["messages"][-2]["content"], "completion": "a"}
+        for i, c in enumerate(convs)
+    ]
+    write_parquet(tmp_path / "pc" / "pc.parquet", pairs, row_group_size=32)
     data = {
         "seed": 3,
         "lanes": 2,
@@ -216,6 +222,12 @@ def test_parquet_conversations_mixed_with_text_are_identical_on_every_runner(tmp
                 "text_field": "messages",
             },
             {"name": "web", "path": str(tmp_path / "web"), "weight": 1.0},
+            {
+                "name": "pc",
+                "path": str(tmp_path / "pc"),
+                "weight": 1.0,
+                "record_columns": ["prompt", "completion"],
+            },
         ],
         "pipeline": [
             {"render_chat": {"tokenizer": tok_dirs["chatml"], "text_datasets": ["web"]}},
@@ -240,6 +252,6 @@ def test_parquet_conversations_mixed_with_text_are_identical_on_every_runner(tmp
 
     oracle = digests("inline", 1)
     assert len(oracle) == 2 and all(len(v) >= 5 for v in oracle.values())
-    assert seen == {0, 1}  # both datasets reached the batches
+    assert seen == {0, 1, 2}  # every dataset reached the batches
     assert digests("threads", 3) == oracle
     assert digests("processes", 2) == oracle

@@ -20,7 +20,7 @@ import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, DataError
 from .identity import local_identity, object_identity
@@ -74,6 +74,9 @@ class DatasetSpec:
     format: str | None = None
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
     storage_options: StorageOptions | None = None
+    #: The Parquet columns that make one record for ``render_chat`` (``[prompt, completion]``,
+    #: ``[messages, tools]``): each row is read as ``{column: value}``; None: ``text_field``.
+    record_columns: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -103,6 +106,8 @@ class DatasetSpec:
                 f"{who}: text_field must be a non-empty string, got {self.text_field!r} "
                 "(name the field or column holding the text)"
             )
+        if self.record_columns is not None:
+            object.__setattr__(self, "record_columns", _record_columns(who, self.record_columns))
         if self.on_error not in ON_ERROR_POLICIES:
             raise ConfigError(
                 f"{who}: on_error must be one of {list(ON_ERROR_POLICIES)}, got {self.on_error!r}"
@@ -134,6 +139,28 @@ class DatasetSpec:
                     f"is {self.path!r} (remove storage_options)"
                 )
             object.__setattr__(self, "storage_options", options)
+
+    def columns_read(self, records: bool) -> tuple[str, ...]:
+        """The Parquet columns a read of this dataset's rows takes: ``record_columns`` in a
+        pipeline reading whole records (``records``, ``render_chat``), else ``text_field``."""
+        if records and self.record_columns:
+            return self.record_columns
+        return (self.text_field,)
+
+
+def _record_columns(who: str, value: Any) -> tuple[str, ...]:
+    """``record_columns`` as a tuple of distinct column names (:class:`ConfigError` else)."""
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or not all(isinstance(c, str) and c for c in value)
+        or len(set(value)) != len(value)
+    ):
+        raise ConfigError(
+            f"{who}: record_columns must be a list of distinct Parquet column names, got "
+            f"{value!r} (e.g. record_columns: [prompt, completion])"
+        )
+    return tuple(value)
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,8 @@ def fingerprint_document(pipeline: Pipeline, dataset_infos: Sequence[Any]) -> di
         # pipelines (and their checkpoints) keep their fingerprint.
         if spec.max_document_bytes != DEFAULT_MAX_DOCUMENT_BYTES:
             datasets[-1]["max_document_bytes"] = spec.max_document_bytes
+        if spec.record_columns:
+            datasets[-1]["record_columns"] = list(spec.record_columns)
     doc: dict[str, Any] = {
         "version": FINGERPRINT_VERSION,
         "seed": pipeline.seed,

@@ -159,6 +159,14 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     ops = _check_chain(list(pipeline.ops))
     for op in ops:  # before any shard is listed: a misspelt name fails at once
         op.check_datasets([spec.name for spec in pipeline.datasets])
+    records = any(isinstance(op, RenderChat) for op in ops)
+    for spec in pipeline.datasets:
+        if spec.record_columns and not records:
+            raise ConfigError(
+                f"dataset {spec.name!r}: record_columns make a record of several Parquet "
+                "columns for render_chat, and this pipeline has none; read one column with "
+                "text_field, or add render_chat"
+            )
     register_buckets(pipeline.datasets)  # an index in a dataset's bucket uses its options
     index = open_index_dir(
         execution.index_dir,
@@ -171,7 +179,7 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
         pipeline.datasets,
         base_dir=pipeline.base_dir,
         cache=cache,
-        records=any(isinstance(op, RenderChat) for op in ops),
+        records=records,
     )
     if cache.index.writes + cache.index.catalog_writes != writes:
         enforce(cache.index)  # only a start that wrote can have grown the directory

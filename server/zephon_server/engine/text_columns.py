@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 #: Columns named in a message at most (a wide table has thousands).
 MAX_NAMED_COLUMNS = 20
 FIX = "set the dataset's text_field to the column holding the text, or fix or remove those shards"
+RECORD_FIX = (
+    "set the dataset's record_columns to the columns that make each record, or fix or remove "
+    "those shards"
+)
 
 
 def check_text_columns(
@@ -49,20 +53,22 @@ def check_text_columns(
     ``text_field`` as a column of text (with ``records``, for ``render_chat``, or of lists or
     structs); ``shards``: each shard's (path, rows). See the module docstring for what
     happens when not."""
+    read = spec.columns_read(records)
     lacking = [
         (shard, cols)
         for shard, cols in zip(shards, columns)
-        if cols is not None and shard[1] and not is_text_column(cols, spec.text_field, records)
+        if cols is not None and shard[1] and not all(is_text_column(cols, c, records) for c in read)
     ]
     if not lacking:
         return
     problem = _describe(spec, lacking, sum(c is not None for c in columns), records)
+    fix = FIX if read == (spec.text_field,) else RECORD_FIX
     if spec.on_error == "fail":
-        raise DataError(f"{problem}; {FIX}")
+        raise DataError(f"{problem}; {fix}")
     logger.warning(
         "%s; with on_error: skip their rows will be skipped and counted as read_error (%s)",
         problem,
-        FIX,
+        fix,
     )
 
 
@@ -75,11 +81,13 @@ def _describe(
     """Which shards lack the column and what the first one has."""
     (first, _), cols = lacking[0]
     rows = sum(n for (_, n), _ in lacking)
-    typ = column_type(cols, spec.text_field) or ""
+    read = spec.columns_read(records)
+    column = next(c for c in read if not is_text_column(cols, c, records))
+    typ = column_type(cols, column) or ""
     chat = record_type(typ) and not records
     return (
         f"dataset {spec.name!r}: {len(lacking)} of its {parquet} Parquet shards ({rows} rows) "
-        f"{'has' if len(lacking) == 1 else 'have'} no text column {spec.text_field!r} "
+        f"{'has' if len(lacking) == 1 else 'have'} no text column {column!r} "
         f"({EXPECTED[records]}); the first is {first}, whose columns are {_named(cols)}"
         + (
             f" (a {typ.split('<')[0]} column is read by render_chat, for chat records)"

@@ -3,7 +3,9 @@
 Pointers are grouped by shard so each shard is touched once per micro-batch and only the
 requested rows are read (the shard cache keeps JSONL line indexes and decompressed shards).
 JSONL rows come out as ``{"raw": bytes}``, Parquet rows as ``{"text": str | None}``;
-``decode_text`` turns both into text. A row larger than its dataset's ``max_document_bytes``
+``decode_text`` turns both into text. In a ``render_chat`` pipeline a Parquet row may also be
+a list or struct value, or, for a dataset with ``record_columns``, a ``{column: value}``
+record of those columns. A row larger than its dataset's ``max_document_bytes``
 (a plain JSONL one is not even read) follows the dataset's ``on_error``: a :class:`DataError`
 naming the file, line, size and limit, or a tombstone with reason ``too_large``. A row of a
 Parquet row group that cannot be read (:mod:`..parquet_rows`) follows it too, with reason
@@ -68,9 +70,7 @@ class Fetch(Operator):
             rows = [elems[i].meta.doc.row for i in positions]
             limit = info.spec.max_document_bytes
             try:
-                values = self._cache.read_rows(
-                    shard, rows, info.spec.text_field, limit, records=self.records
-                )
+                values = self._read(shard, rows, info.spec, limit)
             except DataError as exc:
                 if info.spec.on_error != "skip" or isinstance(exc, ShardChanged):
                     raise  # a changed file is other data, not a bad record: never skipped
@@ -86,6 +86,21 @@ class Fetch(Operator):
                     out[i] = self._damaged(elems[i], info, value)
                 else:
                     out[i] = SampleRecord({key: value}, elems[i].meta)
+        return out
+
+    def _read(self, shard: Any, rows: list[int], spec: Any, limit: int) -> list[Any]:
+        """The rows' values: of the dataset's text field, or for a Parquet shard whose dataset
+        has ``record_columns`` (read by ``render_chat``) a ``{column: value}`` record per row
+        (a row with an oversized or unreadable column stands for that column's problem)."""
+        columns = spec.columns_read(self.records)
+        if shard.format != "parquet" or columns == (spec.text_field,):
+            field = spec.text_field
+            return list(self._cache.read_rows(shard, rows, field, limit, records=self.records))
+        read = [self._cache.read_rows(shard, rows, c, limit, records=True) for c in columns]
+        out: list[Any] = []
+        for values in zip(*read):
+            bad = next((v for v in values if type(v) in (Oversized, Unreadable)), None)
+            out.append(bad if bad is not None else dict(zip(columns, values)))
         return out
 
     def _warn_unreadable(self, path: str, rows: int, exc: DataError) -> None:
