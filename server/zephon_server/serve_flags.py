@@ -11,6 +11,7 @@ the engine get the frozen objects. A flag wins over its environment variable.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -356,6 +357,8 @@ def listen_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Liste
         tls = None
     else:
         tls = TlsFiles(args.tls_cert or "", args.tls_key or "", args.tls_client_ca or None)
+    if args.port_file:
+        _check_port_file(args.port_file)
     return ListenConfig(
         host=args.host,
         port=args.port,
@@ -363,6 +366,21 @@ def listen_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Liste
         tls=tls,
         auth_token=args.auth_token or environ.get(AUTH_TOKEN_ENV) or None,
     )
+
+
+def _check_port_file(path: str) -> None:
+    """:class:`ZephonError` now, before the pipeline loads, for a ``--port-file`` that could
+    not be written once the server is up (a missing or read-only directory, a directory)."""
+    where = os.path.dirname(os.path.abspath(path))
+    problem = None
+    if os.path.isdir(path):
+        problem = "is a directory"
+    elif not os.path.isdir(where):
+        problem = f"its directory {where} does not exist"
+    elif not os.access(where, os.W_OK):
+        problem = f"its directory {where} is not writable (read-only, or not the server user's)"
+    if problem:
+        raise ZephonError(f"--port-file {path}: {problem}; give a path the server can write")
 
 
 def state_config(args: argparse.Namespace, environ: Mapping[str, str]) -> StateConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from zephon_server.engine.checkpoint import (
     BadSignature,
     CheckpointStore,
     CorruptCheckpoint,
+    InaccessibleCheckpoint,
     IncompatibleCheckpoint,
     ResumeState,
     UnknownCheckpoint,
@@ -209,3 +211,22 @@ def test_unreadable_and_missing_files_are_named(tmp_path, monkeypatch, state):
         read_state_file(path)
     pick = CheckpointStore(tmp_path).pick_latest()
     assert pick.found is None and "check its owner, mode" in pick.describe()
+
+
+def test_a_newest_checkpoint_that_may_not_be_read_stops_the_search(tmp_path, monkeypatch, state):
+    """A permission or I/O error is not damage: taking the older checkpoint behind it would
+    roll the run back for a problem the operator can fix."""
+    write_ids(tmp_path, {"ckpt-00000001": state.encode(), "ckpt-00000002": state.encode()})
+    real = Path.read_bytes
+
+    def denied(self):
+        if self.name == "ckpt-00000002.zck":
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)  # the tests run as root, who reads any file
+    pick = CheckpointStore(tmp_path).pick_latest()
+    assert pick.found is None and pick.untried == 1
+    assert isinstance(pick.refused[0].error, InaccessibleCheckpoint)
+    with pytest.raises(InaccessibleCheckpoint, match="cannot be read: Permission denied"):
+        CheckpointStore(tmp_path).latest()

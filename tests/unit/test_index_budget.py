@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import time
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from zephon_server.engine.index_budget import enforce, max_bytes_of, prune
 from zephon_server.engine.index_dir import IndexDir
 from zephon_server.engine.pipeline import Pipeline
 from zephon_server.engine.shard_index import EntryKey, ShardIndex, encode_entry
-from zephon_server.engine.shards import ShardCache
+from zephon_server.engine.shards import ShardCache, cache_for
 from zephon_server.pipeline_flags import budgets_from_args
 
 pytestmark = pytest.mark.timeout(60)
@@ -314,3 +315,26 @@ def _identity_fmt(path: Path) -> tuple[str, str]:
 
     st = path.stat()
     return local_identity(st.st_size, st.st_mtime_ns), "jsonl"
+
+
+def test_the_spill_budget_holds_without_an_index_directory(tmp_path: Path) -> None:
+    """``index_dir: none`` puts spill files in a temporary directory: the budget given still
+    bounds them, in the planning process and in every operator's context (a worker's)."""
+    write_dataset(tmp_path / "data", "web")
+    doc = {
+        "datasets": [{"name": "web", "path": str(tmp_path / "data" / "web"), "weight": 1}],
+        "pipeline": [{"tokenize": {"tokenizer": "byte"}}, {"batch": {"microbatch_size": 2}}],
+        "index_dir": "none",
+        "spill_max_bytes": 12345,
+    }
+    pipe, execution = parse_config(doc, base_dir=str(tmp_path))
+    store = cache_for(None).index.store  # the process's memory-only index
+    try:
+        plan = pipe.plan(execution)
+        assert plan.index is None
+        assert cache_for(None).spill.budget() == 12345  # the planning process's cache
+        store.spill_max_bytes = None  # a worker process's, before its operators' setup
+        context = pickle.loads(pickle.dumps(plan.context(plan.ops[0], 0)))  # as a worker's
+        assert context.shard_cache.spill.budget() == 12345
+    finally:
+        store.spill_max_bytes = None  # the other tests of this process: the default

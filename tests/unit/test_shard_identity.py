@@ -150,6 +150,22 @@ def test_an_unreadable_shard_under_skip_is_logged_once_and_every_row_counted(
     run.close()
 
 
+@pytest.mark.parametrize("exhaustion", ["stop", "repeat"])
+def test_a_dataset_whose_every_shard_is_gone_fails_even_under_skip(
+    tmp_path: Path, exhaustion: str
+) -> None:
+    """Skipping is for bad records and shards: a dataset none of whose shards can be read any
+    more would, under ``repeat``, be skipped forever without a batch (the server spun)."""
+    path = write_corpus(tmp_path, shards=2)[0].path
+    specs = [DatasetSpec("web", str(path), 1.0, on_error="skip", exhaustion=exhaustion)]
+    run = pipeline(specs).run(INLINE)  # planning listed and indexed both shards
+    for shard in ("part-00000.jsonl", "part-00001.jsonl"):
+        (tmp_path / "web" / shard).unlink()
+    with pytest.raises(ZephonError, match=r"dataset 'web': none of its 2 shards can be read"):
+        take(run, 10_000)
+    run.close()
+
+
 def test_a_file_changing_while_it_is_indexed_is_refused(tmp_path: Path, monkeypatch) -> None:
     """Unit test of the shard cache: the index is built between two stats."""
     from zephon_server.engine import shards as shards_mod

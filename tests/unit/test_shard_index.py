@@ -332,6 +332,12 @@ def test_a_read_only_index_is_still_read(tmp_path: Path) -> None:
 def test_index_dir_defaults_and_validation() -> None:
     assert user_index_dir({"XDG_CACHE_HOME": "/x"}) == "/x/zephon/index"
     assert user_index_dir({"HOME": "/home/u"}) == "/home/u/.cache/zephon/index"
+    # a relative XDG_CACHE_HOME is ignored (the XDG rule); an empty HOME is the account's
+    assert user_index_dir({"XDG_CACHE_HOME": "rel", "HOME": "/h"}) == "/h/.cache/zephon/index"
+    import pwd
+
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    assert user_index_dir({"HOME": ""}) == os.path.join(home, ".cache", "zephon", "index")
     assert open_index_dir(None) is None and open_index_dir("none") is None
     with pytest.raises(ConfigError, match="index_dir: must be a directory path or 'none'"):
         ExecutionConfig(index_dir="")

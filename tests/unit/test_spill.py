@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -160,6 +161,26 @@ def test_a_spill_file_removed_under_a_reader_is_spilled_again(tmp_path: Path) ->
     for f in (tmp_path / "index" / "spill").glob("*.spill"):
         f.unlink()  # another process made room
     assert cache.read_rows(shard, [1999, 4], "t") == [lines[1999], lines[4]]
+    assert cache.stats()["spills"] == 2
+
+
+def test_a_spill_file_damaged_on_disk_is_removed_and_spilled_again(tmp_path: Path, caplog) -> None:
+    """A spill file is the cache's copy, not data: damaged in place (its size and time kept,
+    as a crash before its pages were written leaves it), it is made again, never an error
+    that no fix of the shard could clear."""
+    lines = rows(2000)
+    path = write_formats(tmp_path / "data", lines)["jsonl.zst"]
+    cache = cache_on(tmp_path / "index", spill_threshold=1024)
+    shard = info(path, "jsonl.zst", len(lines))
+    assert cache.read_rows(shard, [3], "t") == [lines[3]]
+    (spilled,) = (tmp_path / "index" / "spill").glob("*.spill")
+    stat = spilled.stat()
+    with open(spilled, "r+b") as fh:
+        fh.write(b"\0" * (stat.st_size // 2))
+    os.utime(spilled, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with caplog.at_level("WARNING"):
+        assert cache.read_rows(shard, [1, 1999], "t") == [lines[1], lines[1999]]
+    assert any("is damaged" in r.getMessage() for r in caplog.records)
     assert cache.stats()["spills"] == 2
 
 

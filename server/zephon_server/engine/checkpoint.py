@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint_key import MAC_BYTES, CheckpointKey
-from .errors import ZephonError
+from .errors import ConfigError, ZephonError
 from .manifest import COPY_HINT, ShardManifest, describe_data_change, manifest_dir
 from .pipeline import FINGERPRINT_CHANGES
 
@@ -69,6 +69,11 @@ class IncompatibleCheckpoint(CheckpointError):
 
 class UnreadableCheckpoint(CorruptCheckpoint):
     """The checkpoint's file cannot be read: a directory, no permission, an I/O error."""
+
+
+class InaccessibleCheckpoint(UnreadableCheckpoint):
+    """The checkpoint's file is there but the server may not read it (permissions, an I/O
+    error): ``--resume latest`` stops there rather than roll the run back to an older one."""
 
 
 class UntrustedCheckpoint(CheckpointError):
@@ -476,7 +481,7 @@ def read_state_file(path: str | os.PathLike[str], key: CheckpointKey | None = No
             f"checkpoint file {name!r} is a directory, not a file (move it out of the way)"
         ) from None
     except OSError as exc:
-        raise UnreadableCheckpoint(
+        raise InaccessibleCheckpoint(
             f"checkpoint file {name!r} cannot be read: {exc.strerror or exc} (check its owner, "
             "mode and the disk)"
         ) from None
@@ -539,14 +544,56 @@ class CheckpointStore:
         self._lock = threading.Lock()
         #: Whether the directory had to be made (it did not exist before this store).
         self.created = not self.dir.is_dir()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.dir.exists() and self.created:
+            raise ConfigError(
+                f"--state-dir {self.dir} is not a directory (a file is there): give the path of "
+                "a directory, or move that file"
+            )
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"--state-dir {self.dir} cannot be made: {exc.strerror or exc}; create it, or "
+                "make its parent writable by the server's user, or give another path"
+            ) from None
         self.clean_temp_files()
+        self._check_writable()
+
+    def _check_writable(self) -> None:
+        """Warn at start-up when no checkpoint could be written here (read-only, not the
+        server's user's, full): otherwise the first ``Checkpoint``, maybe hours in, finds out."""
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".ckpt-probe.", suffix=".tmp", dir=self.dir)
+            try:
+                os.write(fd, b"zephon")
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as exc:
+            log.warning(
+                "--state-dir %s is not writable (%s): checkpoints will fail until it is (a "
+                "resume from it works); make it a writable directory of the server's user",
+                self.dir,
+                exc.strerror or exc,
+            )
 
     def clean_temp_files(self) -> int:
-        """Remove temp files left by an interrupted write; returns how many."""
+        """Remove temp files left by an interrupted write; returns how many. One that cannot
+        be removed (a read-only state directory, which still serves a resume) is left with a
+        warning."""
         n = 0
         for stray in self.dir.glob(".ckpt-*.tmp"):
-            stray.unlink(missing_ok=True)
+            try:
+                stray.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning(
+                    "cannot remove %s, left by an interrupted checkpoint write: %s (checkpoints "
+                    "cannot be saved in %s until it is writable)",
+                    stray,
+                    exc.strerror or exc,
+                    self.dir,
+                )
+                continue
             n += 1
         return n
 
@@ -587,12 +634,20 @@ class CheckpointStore:
             except OSError:
                 free = "free space unknown"
             keep = f"now {self.keep}" if self.keep else "now 0: keep all"
+            fewer = f" or lower --keep-checkpoints ({keep})" if count else ""
             return NoSpaceForCheckpoint(
                 f"no space left in {self.dir} ({free}, {count} checkpoints kept): {what}; "
-                f"free space on that filesystem or lower --keep-checkpoints ({keep}); the "
-                "replay cache under it takes at most --replay-cache-max-bytes"
+                f"free space on that filesystem{fewer}; the replay cache under it takes at "
+                "most --replay-cache-max-bytes"
             )
         reason = exc.strerror or str(exc)
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR) or (
+            self.dir.exists() and not self.dir.is_dir()
+        ):
+            return StateDirNotWritable(
+                f"--state-dir {self.dir} is not a directory any more ({reason}): {what}; "
+                "remove what replaced it, then checkpoint again"
+            )
         if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return StateDirNotWritable(
                 f"cannot write in {self.dir}: {reason}: {what}; make --state-dir a writable "
@@ -627,10 +682,11 @@ class CheckpointStore:
         """The newest checkpoint that loads and that ``accept`` takes (it raises a
         :class:`CheckpointError` to refuse one), with the newer ones refused.
 
-        Damage (corrupt, truncated, unreadable, a directory) is skipped with a warning and the
-        search goes on to older checkpoints. A checkpoint refused for what it is (another
-        pipeline, a newer format, unsigned or wrongly signed) stops the search: taking an older
-        one behind it would silently roll the run back.
+        Damage (corrupt, truncated, a directory) is skipped with a warning and the search goes
+        on to older checkpoints. A checkpoint refused for what it is (another pipeline, a newer
+        format, unsigned or wrongly signed), or that the server may not read (permissions, an
+        I/O error: :class:`InaccessibleCheckpoint`), stops the search: taking an older one
+        behind it would silently roll the run back.
         """
         ids = self.ids()
         odd = sorted(
@@ -653,6 +709,9 @@ class CheckpointStore:
                 state = self.load(cid)
                 if accept is not None:
                     accept(state)
+            except InaccessibleCheckpoint as exc:  # there, but not ours to read: say so
+                refused.append(Refusal(cid, exc))
+                return LatestPick(None, tuple(refused), untried=len(ids) - i - 1)
             except (CorruptCheckpoint, UnknownCheckpoint) as exc:
                 log.warning("skipping corrupt checkpoint %s: %s", cid, exc)
                 refused.append(Refusal(cid, exc))
@@ -672,6 +731,7 @@ class CheckpointStore:
         pick = self.pick_latest()
         if pick.found is None and pick.refused:
             last = pick.refused[-1].error
-            if not isinstance(last, (CorruptCheckpoint, UnknownCheckpoint)):
+            damage = isinstance(last, CorruptCheckpoint | UnknownCheckpoint)
+            if not damage or isinstance(last, InaccessibleCheckpoint):
                 raise last
         return pick.found

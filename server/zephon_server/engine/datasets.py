@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, DataError
+from .errors import ConfigError
 from .identity import local_identity, object_identity
 from .ignored_files import report_ignored
 from .index_catalog import Counts, count_shards
 from .local_listing import glob_files, unique_files, walk_files
+from .shard_versions import unreadable
 from .shards import EXTENSIONS, FORMATS, ShardCache, default_cache, infer_format
 from .storage import StorageOptions, configure_bucket, is_url, unsupported_scheme
 from .storage.location import glob_base
@@ -275,7 +276,7 @@ def stat_shard(path: str) -> os.stat_result:
     try:
         return os.stat(path)
     except OSError as exc:
-        raise DataError(f"cannot read shard {path}: {exc}") from exc
+        raise unreadable(path, exc) from exc
 
 
 def shard_keys(

@@ -34,6 +34,7 @@ import logging
 import mmap
 import os
 import re
+import tempfile
 import threading
 import time
 import uuid
@@ -59,11 +60,27 @@ Buffer = memoryview | mmap.mmap
 
 def user_index_dir(environ: Mapping[str, str]) -> str:
     """The per-user default index directory: ``$XDG_CACHE_HOME/zephon/index``, else
-    ``~/.cache/zephon/index`` (``environ`` is passed in: the library reads no environment)."""
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(
-        environ.get("HOME") or os.path.expanduser("~"), ".cache"
-    )
-    return os.path.join(base, "zephon", "index")
+    ``~/.cache/zephon/index`` (``environ`` is passed in: the library reads no environment).
+    A relative ``XDG_CACHE_HOME`` is ignored, as the XDG specification says; an empty
+    ``HOME`` is the user database's home."""
+    xdg = environ.get("XDG_CACHE_HOME") or ""
+    if os.path.isabs(xdg):
+        return os.path.join(xdg, "zephon", "index")
+    home = environ.get("HOME") or ""
+    if not os.path.isabs(home):
+        home = _account_home()
+    return os.path.join(home, ".cache", "zephon", "index")
+
+
+def _account_home() -> str:
+    """The home directory of this process's user in the user database (``~`` without
+    ``$HOME``), else the temporary directory."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir or tempfile.gettempdir()
+    except (ImportError, KeyError):
+        return tempfile.gettempdir()
 
 
 class Blob(NamedTuple):
@@ -293,10 +310,12 @@ class IndexDir:
             self.stopped = reason
         logger.warning(
             "index directory %s is not writable (%s); indexes built from now on live in "
-            "memory only and are rebuilt at the next start (fix: make the directory writable, "
-            "or pass --index-dir with a writable directory; --index-dir none silences this)",
+            "memory only and are rebuilt at the next start, and large compressed shards are "
+            "decompressed to %s (fix: make the directory writable, or pass --index-dir with a "
+            "writable directory; --index-dir none silences this)",
             self.root,
             reason,
+            os.path.join(tempfile.gettempdir(), f"zephon-spill-{os.getuid()}"),
         )
 
 
@@ -526,12 +545,14 @@ def location_write_problem(location: str) -> str | None:
 def write_problem(root: str) -> str | None:
     """Why nothing can be written in directory ``root`` (None: it exists, or was created,
     and a probe file was written and removed)."""
+    probe = os.path.join(root, f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         os.makedirs(root, exist_ok=True)
-        probe = os.path.join(root, f".probe.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         with open(probe, "wb") as fh:
             fh.write(b"zephon")
-        os.unlink(probe)
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
+    finally:  # also when the write failed (a full disk): no probe is left per start
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
     return None

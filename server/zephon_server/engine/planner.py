@@ -75,6 +75,7 @@ class Plan:
             worker_id=worker_id,
             extras=dict(extras or {}),
             index=self.index,
+            spill_max_bytes=self.execution.spill_max_bytes if self.index is None else None,
         )
 
     def explain(self) -> str:
@@ -174,6 +175,8 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
         spill_max_bytes=execution.spill_max_bytes,
     )
     cache = cache_for(index)
+    if index is None and execution.spill_max_bytes is not None:  # no index directory: the
+        cache.index.store.spill_max_bytes = execution.spill_max_bytes  # budget of temp spills
     writes = cache.index.writes + cache.index.catalog_writes
     datasets = resolve_datasets(
         pipeline.datasets,

@@ -23,6 +23,18 @@ from .storage import is_url, shard_io
 _T = TypeVar("_T")
 
 
+#: What to do about a shard that cannot be opened or read (gone, permissions, a directory).
+UNREADABLE_FIX = (
+    "restore the file or its permissions for the server's user, or remove it from the "
+    "dataset (on_error: skip skips and counts its rows)"
+)
+
+
+def unreadable(path: str, problem: object) -> DataError:
+    """The error for shard ``path`` that cannot be read, naming ``problem`` and the fix."""
+    return DataError(f"cannot read shard {path}: {problem}; {UNREADABLE_FIX}")
+
+
 def identity_now(path: str) -> str:
     """The identity of ``path`` as it is now (:class:`DataError` when it cannot be stat'ed)."""
     if is_url(path):
@@ -30,7 +42,7 @@ def identity_now(path: str) -> str:
     try:
         st = os.stat(path)
     except OSError as exc:
-        raise DataError(f"cannot read shard {path}: {exc}") from exc
+        raise unreadable(path, exc) from exc
     return regular_identity(path, st)
 
 
@@ -38,11 +50,9 @@ def regular_identity(path: str, st: os.stat_result) -> str:
     """The identity of a regular file; anything else in a shard's place is unreadable (a
     plain :class:`DataError`, which ``on_error: skip`` may skip), not a changed file."""
     if stat_module.S_ISDIR(st.st_mode):
-        raise DataError(
-            f"cannot read shard {path}: {IsADirectoryError(errno.EISDIR, 'Is a directory')}"
-        )
+        raise unreadable(path, IsADirectoryError(errno.EISDIR, "Is a directory"))
     if not stat_module.S_ISREG(st.st_mode):
-        raise DataError(f"cannot read shard {path}: not a regular file")
+        raise unreadable(path, "not a regular file")
     return stat_identity(st)
 
 
@@ -55,7 +65,7 @@ def checked_load(path: str, identity: str, load: Callable[[], _T]) -> _T:
     try:
         value = load()
     except OSError as exc:
-        raise DataError(f"cannot read shard {path}: {exc}") from exc
+        raise unreadable(path, exc) from exc
     except DataError as exc:
         if is_url(path) and not isinstance(exc, ShardChanged):  # a failed read: rewritten?
             now = identity_now(path)

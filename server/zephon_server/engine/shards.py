@@ -48,6 +48,7 @@ ETag, checked by a HEAD before and after every load).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -59,7 +60,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from .decompression import Frame, decompress_shard
-from .errors import DataError
+from .errors import DataError, ShardChanged
 from .index_dir import IndexDir
 from .line_index import index_lines, line_starts
 from .open_indexes import OpenIndexes
@@ -75,6 +76,7 @@ from .shard_versions import decompress_version as _decompress_version
 from .shard_versions import identity_now as _identity_now
 from .shard_versions import parquet_source as _parquet_source
 from .shard_versions import regular_identity as _regular_identity
+from .shard_versions import unreadable
 from .spill import (
     DEFAULT_THRESHOLD,
     MIN_THRESHOLD,
@@ -466,14 +468,14 @@ class ShardCache:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
-            raise DataError(f"cannot read shard {path}: {exc}") from exc
+            raise unreadable(path, exc) from exc
         try:
             found = _regular_identity(path, os.fstat(fd))  # one fstat per read call
             if found != shard.identity:
                 raise _changed(path, shard.identity, found)
             pread_rows(fd, path, order, lo_l, hi_l, out)
         except OSError as exc:
-            raise DataError(f"cannot read shard {path}: {exc}") from exc
+            raise unreadable(path, exc) from exc
         finally:
             os.close(fd)
         return out
@@ -605,12 +607,32 @@ class ShardCache:
             try:
                 self.spill.used(data.path)
                 return self._rows_at(fd, data.path, starts, idx, limit)
+            except ShardChanged:  # the spill file is damaged: it is this cache's, not data
+                self._drop_damaged_spill(key, data.path)
+                if attempt:
+                    raise DataError(
+                        f"spill file {data.path} of {shard.path} was damaged again once "
+                        f"decompressed anew: check the disk under {self.spill.root}"
+                    ) from None
             except OSError as exc:
                 problem = f"cannot read spill file {data.path} of {shard.path}: {exc}"
                 raise DataError(problem) from exc
             finally:
                 os.close(fd)
         raise AssertionError("unreachable")
+
+    def _drop_damaged_spill(self, key: tuple[str, str, str], path: str) -> None:
+        """Remove a spill file whose rows are not lines of it (damaged on disk: a crash
+        before its pages were written, a disk error), so the shard is decompressed again."""
+        logger.warning(
+            "spill file %s of %s is damaged (a row indexed in it is not a line of it); removing "
+            "it and decompressing the shard again",
+            path,
+            key[0],
+        )
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        self._lru_drop(key)
 
     def _rows_at(
         self, fd: int, path: str, starts: np.ndarray, idx: np.ndarray, limit: int | None

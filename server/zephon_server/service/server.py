@@ -13,7 +13,9 @@ seconds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -36,6 +38,7 @@ from ..engine.cache_budget import CacheBudget
 from ..engine.checkpoint import (
     CHECKPOINT_ID,
     CheckpointStore,
+    InaccessibleCheckpoint,
     NoUsableCheckpoint,
     ResumeState,
     read_state_file,
@@ -132,6 +135,13 @@ def _start_latest(
         start(None)
         return ""
     refused = pick.describe()
+    last = pick.refused[-1]
+    if isinstance(last.error, InaccessibleCheckpoint):  # latest-or-fresh too: never roll back
+        raise NoUsableCheckpoint(
+            f"--resume {arg}: checkpoint {last.checkpoint_id} is in {store.dir} but cannot be "
+            f"read: {last.error}; resuming an older one, or fresh, would roll the run back: make "
+            "it readable by the server's user, or move it away"
+        )
     if arg == RESUME_LATEST:
         raise NoUsableCheckpoint(
             f"--resume latest: no usable checkpoint in {store.dir} ({len(pick.refused)} "
@@ -312,7 +322,7 @@ class Server:
                     else health_pb2.HealthCheckResponse.SERVING,
                 )
         if self.config.listen.port_file:
-            Path(self.config.listen.port_file).write_text(f"{self.port}\n")
+            _write_port_file(self.config.listen.port_file, self.port)
         log.info(
             "serving %d lanes %s of pipeline %s on %s:%d",
             len(self.hub.lanes),
@@ -394,6 +404,23 @@ class Server:
                 stalled,
             )
             last_batches, last_tokens, last = batches, tokens, now
+
+
+def _write_port_file(path: str, port: int) -> None:
+    """Write the bound port to ``path`` whole or not at all (a temp file renamed: a launcher
+    polling the file never reads a partial one); :class:`ZephonError` when it cannot."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        Path(tmp).write_text(f"{port}\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ZephonError(
+            f"--port-file {path}: cannot write it: {exc.strerror or exc}; give a path the "
+            "server can write (the server stops: a launcher waiting for the file would wait "
+            "forever)"
+        ) from None
 
 
 def serve(

@@ -61,18 +61,24 @@ class OpContext:
     extras: dict[str, Any] = field(default_factory=dict)
     #: The plan's :class:`~..index_dir.IndexDir` (None: the shard index is in memory only).
     index: Any = None
+    #: The spill budget (``spill_max_bytes``) of a plan without an index directory, whose
+    #: spill files then go to a temporary directory (None: the default budget).
+    spill_max_bytes: int | None = None
 
     @property
     def shard_cache(self) -> Any:
         """The process-wide shard cache of the plan's index directory (created on first use,
         so contexts pickle cheaply)."""
-        return _process_shard_cache(self.index)
+        return _process_shard_cache(self.index, self.spill_max_bytes)
 
 
-def _process_shard_cache(index: Any) -> Any:
+def _process_shard_cache(index: Any, spill_max_bytes: int | None = None) -> Any:
     from ..shards import cache_for
 
-    return cache_for(index)
+    cache = cache_for(index)
+    if index is None and spill_max_bytes is not None:  # the memory-only index's spill budget
+        cache.index.store.spill_max_bytes = spill_max_bytes
+    return cache
 
 
 #: How to declare traits, quoted by the errors that catch a missing or bad declaration.

@@ -57,6 +57,8 @@ class Fetch(Operator):
         self._cache = ctx.shard_cache
         # Shards (and Parquet row groups) whose skipped rows were logged.
         self._unreadable: set[Hashable] = set()
+        # Per dataset, its shards whose last read failed whole (gone, unreadable).
+        self._gone: dict[int, set[int]] = {}
 
     def process_many(self, elems: list[Any]) -> list[Any]:
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -74,10 +76,12 @@ class Fetch(Operator):
             except DataError as exc:
                 if info.spec.on_error != "skip" or isinstance(exc, ShardChanged):
                     raise  # a changed file is other data, not a bad record: never skipped
+                self._count_unreadable(info, ds_index, shard_index, exc)
                 self._warn_unreadable(shard.path, len(positions), exc)
                 for i in positions:
                     out[i] = elems[i].tombstone("read_error")
                 continue
+            self._gone.get(ds_index, set()).discard(shard_index)
             key = "text" if shard.format == "parquet" else "raw"
             for i, value in zip(positions, values):
                 if type(value) is Oversized:
@@ -102,6 +106,20 @@ class Fetch(Operator):
             bad = next((v for v in values if type(v) in (Oversized, Unreadable)), None)
             out.append(bad if bad is not None else dict(zip(columns, values)))
         return out
+
+    def _count_unreadable(self, info: Any, ds_index: int, shard_index: int, exc: DataError) -> None:
+        """Note a shard whose read failed whole; :class:`DataError` once every shard of its
+        dataset has (the dataset is gone: ``on_error: skip`` is for bad records and shards,
+        and skipping a whole dataset would spin on it, under ``exhaustion: repeat`` forever,
+        without a batch)."""
+        gone = self._gone.setdefault(ds_index, set())
+        gone.add(shard_index)
+        if len(gone) >= len(info.shards):
+            raise DataError(
+                f"dataset {info.spec.name!r}: none of its {len(info.shards)} shards can be read "
+                f"(the last: {exc}); on_error: skip skips bad records and shards, not a whole "
+                "dataset: restore its files, or remove the dataset from the pipeline"
+            ) from exc
 
     def _warn_unreadable(self, path: str, rows: int, exc: DataError) -> None:
         """Log an unreadable shard's skipped rows once per shard and worker (every read of it
