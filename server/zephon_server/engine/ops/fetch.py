@@ -57,8 +57,10 @@ class Fetch(Operator):
         self._cache = ctx.shard_cache
         # Shards (and Parquet row groups) whose skipped rows were logged.
         self._unreadable: set[Hashable] = set()
-        # Per dataset, its shards whose last read failed whole (gone, unreadable).
+        # Per dataset, its shards whose last read failed whole (gone, unreadable), and how
+        # many reads of it in a row failed so.
         self._gone: dict[int, set[int]] = {}
+        self._failed_reads: dict[int, int] = {}
 
     def process_many(self, elems: list[Any]) -> list[Any]:
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -82,6 +84,7 @@ class Fetch(Operator):
                     out[i] = elems[i].tombstone("read_error")
                 continue
             self._gone.get(ds_index, set()).discard(shard_index)
+            self._failed_reads[ds_index] = 0
             key = "text" if shard.format == "parquet" else "raw"
             for i, value in zip(positions, values):
                 if type(value) is Oversized:
@@ -109,12 +112,14 @@ class Fetch(Operator):
 
     def _count_unreadable(self, info: Any, ds_index: int, shard_index: int, exc: DataError) -> None:
         """Note a shard whose read failed whole; :class:`DataError` once every shard of its
-        dataset has (the dataset is gone: ``on_error: skip`` is for bad records and shards,
-        and skipping a whole dataset would spin on it, under ``exhaustion: repeat`` forever,
-        without a batch)."""
+        dataset has, over more reads in a row than a pass of a few chunks per shard makes
+        (the dataset is gone: ``on_error: skip`` is for bad records and shards, and skipping
+        a whole dataset would spin on it, under ``exhaustion: repeat`` forever, without a
+        batch; a read failing now and then, as object storage's can, is skipped as before)."""
         gone = self._gone.setdefault(ds_index, set())
         gone.add(shard_index)
-        if len(gone) >= len(info.shards):
+        failed = self._failed_reads[ds_index] = self._failed_reads.get(ds_index, 0) + 1
+        if len(gone) >= len(info.shards) and failed >= 2 * len(info.shards) + GONE_AFTER_READS:
             raise DataError(
                 f"dataset {info.spec.name!r}: none of its {len(info.shards)} shards can be read "
                 f"(the last: {exc}); on_error: skip skips bad records and shards, not a whole "
@@ -157,6 +162,9 @@ class Fetch(Operator):
 #: Unreadable shards and row groups logged per worker (a bound on the set of those logged;
 #: past it, their rows are only counted).
 MAX_UNREADABLE_LOGGED = 1024
+#: Failed reads in a row, beyond two per shard, before a dataset none of whose shards can be
+#: read is given up (:meth:`Fetch._count_unreadable`).
+GONE_AFTER_READS = 16
 
 
 def _too_large(rec: SampleRecord, info: Any, size: int) -> SampleRecord:
