@@ -73,3 +73,25 @@ def test_a_bad_replay_cache_budget_fails_at_start_up(stream_config, tmp_path, va
     proc = serve_once(args, tmp_path)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.service
+def test_paths_the_server_cannot_write_stop_the_start_in_one_line(stream_config, tmp_path):
+    """A file where the state directory should be, a state directory on a read-only
+    filesystem that does not exist yet, a port file in a read-only directory: exit status 2
+    and one line naming the path and the fix, never a traceback."""
+    cfg, _ = stream_config
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with tmpfs(tmp_path / "disk", "64k") as disk:
+        (disk / "ports").mkdir()
+        remount(disk, "ro")
+        cases = [
+            (["--state-dir", str(afile)], f"--state-dir {afile} is not a directory"),
+            (["--state-dir", str(disk / "state")], "cannot be made: Read-only file system"),
+            (["--port-file", str(disk / "ports" / "p")], "directory " + str(disk / "ports")),
+        ]
+        for args, says in cases:
+            proc = serve_once(["--config", str(cfg), *args], tmp_path)
+            assert proc.returncode == 2, proc.stderr
+            assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
