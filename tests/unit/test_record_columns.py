@@ -139,3 +139,18 @@ def test_record_columns_are_checked(tmp_path, tokenizer):
     pipe, execution = parse_config(data)
     with pytest.raises(ConfigError, match="record_columns make a record of several Parquet"):
         pipe.plan(execution)
+
+
+def test_a_text_dataset_cannot_also_read_record_columns(tmp_path, tokenizer):
+    data = {
+        "datasets": [
+            {"name": "d", "path": str(tmp_path), "weight": 1.0, "record_columns": ["a", "b"]}
+        ],
+        "pipeline": [
+            {"render_chat": {"tokenizer": tokenizer, "text_datasets": ["d"]}},
+            {"batch": {}},
+        ],
+    }
+    pipe, execution = parse_config(data)
+    with pytest.raises(ConfigError, match=r"is in render_chat\.text_datasets, whose records are"):
+        pipe.plan(execution)

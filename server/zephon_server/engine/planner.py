@@ -161,6 +161,9 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     for op in ops:  # before any shard is listed: a misspelt name fails at once
         op.check_datasets([spec.name for spec in pipeline.datasets])
     records = any(isinstance(op, RenderChat) for op in ops)
+    for op in ops:
+        if isinstance(op, RenderChat):
+            op.check_specs(list(pipeline.datasets))
     for spec in pipeline.datasets:
         if spec.record_columns and not records:
             raise ConfigError(

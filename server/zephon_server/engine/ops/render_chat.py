@@ -274,6 +274,15 @@ class RenderChat(Operator):
         """:class:`ConfigError` when ``text_datasets`` names a dataset the pipeline lacks."""
         self.texts.check_names(names)
 
+    def check_specs(self, specs: list[Any]) -> None:
+        """:class:`ConfigError` for a text dataset that reads records of several columns."""
+        for spec in specs:
+            if spec.name in self.texts.names and spec.record_columns:
+                raise ConfigError(
+                    f"dataset {spec.name!r} is in render_chat.text_datasets, whose records are "
+                    "one text (its text_field), and has record_columns: remove one of the two"
+                )
+
     def setup(self, ctx: OpContext) -> None:
         """Resolve ``text_datasets`` to dataset ids."""
         super().setup(ctx)
