@@ -159,11 +159,8 @@ def compile_plan(pipeline: Pipeline, execution: ExecutionConfig) -> Plan:
     """Resolve datasets, check the chain, group into stages and steps."""
     ops = _check_chain(list(pipeline.ops))
     for op in ops:  # before any shard is listed: a misspelt name fails at once
-        op.check_datasets([spec.name for spec in pipeline.datasets])
+        op.check_datasets(pipeline.datasets)
     records = any(isinstance(op, RenderChat) for op in ops)
-    for op in ops:
-        if isinstance(op, RenderChat):
-            op.check_specs(list(pipeline.datasets))
     for spec in pipeline.datasets:
         if spec.record_columns and not records:
             raise ConfigError(

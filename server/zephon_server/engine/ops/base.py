@@ -195,10 +195,11 @@ class Operator(abc.ABC):
             self.microbatch_size, max_latency_ms=None if deterministic else self.max_latency_ms
         )
 
-    def check_datasets(self, names: list[str]) -> None:  # noqa: B027 - an optional hook
+    def check_datasets(self, datasets: Sequence[Any]) -> None:  # noqa: B027 - optional hook
         """Raise :class:`~..errors.ConfigError` when a parameter names a dataset the pipeline
-        lacks; ``names`` are the pipeline's datasets. Called when the plan is compiled (so
-        ``zephon explain`` and the server's start-up refuse it), before any ``setup``."""
+        lacks or does not fit one; ``datasets`` are the pipeline's
+        :class:`~..datasets.DatasetSpec`. Called when the plan is compiled (so ``zephon
+        explain`` and the server's start-up refuse it), before any ``setup``."""
 
     def setup(self, ctx: OpContext) -> None:
         """Runs once per worker before any data arrives."""

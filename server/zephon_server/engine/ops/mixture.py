@@ -333,8 +333,9 @@ class EnsureMixture(Operator):
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=False, fusable=False)
 
-    def check_datasets(self, names: list[str]) -> None:
-        """:class:`ConfigError` for a name of ``weights`` that is not one of ``names``."""
+    def check_datasets(self, datasets: Sequence[Any]) -> None:
+        """:class:`ConfigError` for a name of ``weights`` that is not one of the datasets'."""
+        names = [spec.name for spec in datasets]
         unknown = [name for name in self.weights or () if name not in names]
         if unknown:
             raise ConfigError(
@@ -351,7 +352,7 @@ class EnsureMixture(Operator):
         if self.weights is None:
             chosen = {i: float(info.spec.weight) for i, info in enumerate(ctx.datasets)}
         else:
-            self.check_datasets(names)
+            self.check_datasets([info.spec for info in ctx.datasets])
             chosen = {names.index(name): float(w) for name, w in self.weights.items()}
         return {d: max(1, round(w * WEIGHT_SCALE)) for d, w in sorted(chosen.items()) if w > 0}
 

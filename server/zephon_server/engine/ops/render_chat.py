@@ -39,6 +39,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -270,13 +271,11 @@ class RenderChat(Operator):
                 exc,
             )
 
-    def check_datasets(self, names: list[str]) -> None:
-        """:class:`ConfigError` when ``text_datasets`` names a dataset the pipeline lacks."""
-        self.texts.check_names(names)
-
-    def check_specs(self, specs: list[Any]) -> None:
-        """:class:`ConfigError` for a text dataset that reads records of several columns."""
-        for spec in specs:
+    def check_datasets(self, datasets: Sequence[Any]) -> None:
+        """:class:`ConfigError` when ``text_datasets`` names a dataset the pipeline lacks, or
+        one that reads records of several columns."""
+        self.texts.check_names([spec.name for spec in datasets])
+        for spec in datasets:
             if spec.name in self.texts.names and spec.record_columns:
                 raise ConfigError(
                     f"dataset {spec.name!r} is in render_chat.text_datasets, whose records are "
