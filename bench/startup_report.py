@@ -278,8 +278,9 @@ def _read_blocks(rate: dict[str, Any]) -> str:
         f"{int(block) >> 20} MiB ({value / 1e6:.0f} MB/s)" for block, value in blocks.items()
     )
     return (
-        f"the faster, in each round, of `readinto` calls of {sizes}, each the mean of a read "
-        "just before and one just after that round's index build"
+        f"the faster, in each round, of `readinto` calls of {sizes} into a page-aligned "
+        "buffer, each the mean of a read just before and one just after that round's index "
+        "build"
     )
 
 

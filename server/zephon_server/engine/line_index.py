@@ -44,10 +44,10 @@ def index_lines(path: str) -> np.ndarray:
 
     Reads of :data:`_BLOCK` bytes, each scanned before the next one, on the calling thread:
     on a cold file this kept up with plain reads of the same size (the kernel's read-ahead
-    overlaps the scan), while a read-ahead thread with two buffers, or larger blocks, lost
-    10-20% (``docs/decisions.md``, "Indexing reads: 1 MiB, one thread"). The read buffer and
-    the newline mask are reused across blocks and calls (see :class:`_Scratch`): the only
-    arrays allocated per call are the row offsets themselves.
+    overlaps the scan), while a read-ahead thread, or larger blocks, lost 5-30%
+    (``docs/decisions.md``, "Indexing reads: 1 MiB, one thread" and "Read buffers on a page
+    boundary"). The read buffer and the newline mask are reused across blocks and calls
+    (see :class:`_Scratch`): the only arrays allocated per call are the row offsets themselves.
     """
     pieces = [np.zeros(1, dtype=np.int64)]
     pos = 0
@@ -62,7 +62,8 @@ def index_lines(path: str) -> np.ndarray:
 
 
 class _Scratch:
-    """The buffers one line scan reuses for every block: the bytes read and the newline mask.
+    """The buffers one line scan reuses for every block: the bytes read and the newline mask,
+    each on a page boundary (:func:`_aligned`).
 
     Allocating them per shard was the start-up's allocator trap: a ``bytearray(16 MiB)`` is
     16 MiB + 1 byte, above mimalloc 2.0's largest "large" object, so every shard got a fresh
@@ -73,7 +74,7 @@ class _Scratch:
     """
 
     def __init__(self, size: int) -> None:
-        self.mask = np.empty(size, dtype=np.bool_)
+        self.mask = _aligned(size).view(np.bool_)
         self.words = np.empty(size // _WORD, dtype=np.bool_)
         self._data: np.ndarray | None = None
 
@@ -81,7 +82,7 @@ class _Scratch:
     def data(self) -> np.ndarray:
         """The read buffer, allocated on first use (scans of bytes in memory need none)."""
         if self._data is None:
-            self._data = np.empty(len(self.mask), dtype=np.uint8)
+            self._data = _aligned(len(self.mask))
         return self._data
 
     def newlines(self, block: np.ndarray, offset: int) -> np.ndarray:
@@ -115,6 +116,18 @@ class _Scratch:
         return found
 
 
+def _aligned(size: int) -> np.ndarray:
+    """``size`` bytes starting on a page boundary. A read into a buffer that starts 8 or 16
+    bytes past a cache line took the kernel 4-5 times as long on this benchmark machine's AMD
+    EPYC (about 600 against 130 µs per MiB from the page cache), and a large ``np.empty``
+    starts 16 bytes into a page under glibc (``docs/decisions.md``, "Read buffers on a page
+    boundary")."""
+    raw = np.empty(size + _PAGE, dtype=np.uint8)
+    skip = -raw.ctypes.data % _PAGE
+    return raw[skip : skip + size]
+
+
+_PAGE = 4096
 _WORD = 8  # bytes of the mask searched at once (a uint64 view)
 _SCRATCH_KEPT = 4  # buffers kept for reuse (one per concurrent scan); more are allocated
 _scratch_pool: list[_Scratch] = []
