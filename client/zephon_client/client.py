@@ -62,7 +62,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -73,8 +73,10 @@ from .channel import DEFAULT_CHANNEL_OPTIONS, Endpoint, TLSConfig, auth_metadata
 from .connect_hint import diagnose
 from .errors import ZephonClientError
 from .identity import PipelineIdentity
+from .iteration import Iteration, PendingBatch
 from .mapping import lanes_for_rank
 from .options import checkpoint_positions, consumer_name, seconds, whole_number
+from .servers import check_same_pipeline, route, server_addresses
 from .state import STATE_VERSION, parse_state
 from .stream import (
     BACKOFF_INITIAL,
@@ -111,58 +113,6 @@ class CheckpointInfo:
 # --------------------------------------------------------------------------------------------
 # DataClient
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Run:
-    """The state of one iteration (one call of :meth:`DataClient.batches`)."""
-
-    epoch: int = -1
-    order: list[int] = field(default_factory=list)
-    index: int = 0
-    streams: dict[int, LaneStream] = field(default_factory=dict)
-    superseded: bool = False
-
-    def cancel(self) -> None:
-        for stream in list(self.streams.values()):
-            stream.cancel()
-
-    def leave(self, timeout: float) -> None:
-        """Send every lane's pending Ack and let its call end (``LaneStream.leave``), waiting
-        up to ``timeout`` seconds in all for the calls to end (cancelled ones are skipped)."""
-        streams = [s for s in list(self.streams.values()) if s.leave()]
-        deadline = time.monotonic() + timeout
-        for stream in streams:
-            stream.join(max(0.0, deadline - time.monotonic()))
-
-    def close(self, timeout: float = 1.0) -> None:
-        streams = list(self.streams.values())
-        self.streams.clear()
-        for stream in streams:
-            stream.cancel()
-        deadline = time.monotonic() + timeout
-        for stream in streams:
-            stream.join(max(0.0, deadline - time.monotonic()))
-
-
-@dataclass(slots=True)
-class _Pending:
-    """The batch yielded last, consumed when the caller asks for the next one."""
-
-    epoch: int
-    batch: Batch
-    stream: LaneStream
-    run: _Run
-
-
-def _server_addresses(address: str | Sequence[str]) -> list[str]:
-    """The server addresses given, one or several, none twice (ValueError otherwise)."""
-    addresses = [address] if isinstance(address, str) else list(address)
-    if not addresses:
-        raise ValueError("DataClient needs at least one server address")
-    if len(set(addresses)) != len(addresses):
-        raise ValueError(f"duplicate server addresses in {addresses}")
-    return addresses
 
 
 class DataClient:
@@ -216,7 +166,7 @@ class DataClient:
         shared_memory: bool = True,
         channel_options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
     ) -> None:
-        addresses = _server_addresses(address)
+        addresses = server_addresses(address)
         self.rank = rank
         self.world_size = world_size
         self.consumer = consumer_name(consumer if consumer is not None else f"rank{rank}")
@@ -232,8 +182,8 @@ class DataClient:
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._epoch = 0
-        self._run: _Run | None = None
-        self._pending: _Pending | None = None
+        self._run: Iteration | None = None
+        self._pending: PendingBatch | None = None
         self._ends: dict[int, LaneEnd] = {}
         self._endpoints = [Endpoint(a, tls=tls, options=channel_options) for a in addresses]
         try:
@@ -267,7 +217,7 @@ class DataClient:
         request = pb.GetInfoRequest(consumer=self.consumer if peers else "")
         for endpoint in self._endpoints:
             endpoint.info = self._unary(endpoint, "GetInfo", request)
-        self._check_servers()
+        check_same_pipeline(self._endpoints)
         self._identity = PipelineIdentity.of(self._endpoints[0].info)
         self._num_lanes = self._identity.num_lanes
         self._fingerprint = self._identity.fingerprint
@@ -278,7 +228,7 @@ class DataClient:
             data_parallel_size=data_parallel_size,
             interleaved=interleaved,
         )
-        self._routes = {lane: self._route(lane) for lane in self._lanes}
+        self._routes = {lane: route(self._endpoints, lane, self.rank) for lane in self._lanes}
 
     # -- description ---------------------------------------------------------------------------
 
@@ -528,7 +478,7 @@ class DataClient:
         """
         if self._closed.is_set():
             raise ZephonClientError(None, "the client is closed")
-        run = _Run()
+        run = Iteration()
         with self._lock:
             previous = self._run
             if previous is not None:
@@ -538,7 +488,7 @@ class DataClient:
             self._pending = None
         return self._iterate(run)
 
-    def _iterate(self, run: _Run) -> Iterator[Batch]:
+    def _iterate(self, run: Iteration) -> Iterator[Batch]:
         try:
             while True:
                 self._consume_pending(run)
@@ -581,7 +531,7 @@ class DataClient:
                 with self._lock:
                     if run.epoch != self._epoch or run.superseded or self._closed.is_set():
                         continue
-                    self._pending = _Pending(run.epoch, item.batch, run.streams[lane], run)
+                    self._pending = PendingBatch(run.epoch, item.batch, run.streams[lane], run)
                     run.index = (run.index + 1) % len(run.order)
                 yield item.batch
         finally:
@@ -593,7 +543,7 @@ class DataClient:
             run.leave(timeout=0.3)
             run.close()
 
-    def _start(self, run: _Run) -> None:
+    def _start(self, run: Iteration) -> None:
         """(Re)open every lane of this rank at its position (under the lock)."""
         run.close()
         run.epoch = self._epoch
@@ -626,7 +576,7 @@ class DataClient:
             info_timeout=self.rpc_timeout,
         )
 
-    def _next_item(self, run: _Run, lane: int) -> _Item | None:
+    def _next_item(self, run: Iteration, lane: int) -> _Item | None:
         """The lane's next batch or end, reconnecting as needed; ``None`` to re-check state."""
         deadline: float | None = None
         delay = BACKOFF_INITIAL
@@ -682,7 +632,7 @@ class DataClient:
                     return None
                 run.streams[lane] = self._open(lane)
 
-    def _consume_pending(self, run: _Run | None = None) -> None:
+    def _consume_pending(self, run: Iteration | None = None) -> None:
         """Consume the batch yielded last (only if ``run`` yielded it, when given)."""
         with self._lock:
             pending = self._pending
@@ -725,35 +675,6 @@ class DataClient:
             closed=self._closed,
         )
 
-    def _check_servers(self) -> None:
-        first = self._endpoints[0]
-        for other in self._endpoints[1:]:
-            if other.info.fingerprint != first.info.fingerprint:
-                raise ZephonClientError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    "servers serve different pipelines: "
-                    + ", ".join(
-                        f"{e.address} has fingerprint {e.info.fingerprint}" for e in self._endpoints
-                    ),
-                )
-            if other.info.num_lanes != first.info.num_lanes:
-                raise ZephonClientError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    "servers disagree on the lane count: "
-                    + ", ".join(f"{e.address} has {e.info.num_lanes}" for e in self._endpoints),
-                )
-
-    def _route(self, lane: int) -> Endpoint:
-        for endpoint in self._endpoints:
-            if endpoint.serves(lane):
-                return endpoint
-        served = "; ".join(
-            f"{e.address} serves {list(e.info.served_lanes)}" for e in self._endpoints
-        )
-        raise ZephonClientError(
-            None, f"lane {lane} of rank {self.rank} is served by none of the servers ({served})"
-        )
-
     def _endpoint(self, address: str | None) -> Endpoint:
         if address is None:
             return self._endpoints[0]
@@ -765,8 +686,9 @@ class DataClient:
     def _checkpoint_endpoint(self, positions: Mapping[int, int], address: str | None) -> Endpoint:
         if address is not None or len(self._endpoints) == 1:
             return self._endpoint(address)
+        routes = self._routes
         chosen = {
-            (self._routes[lane] if lane in self._routes else self._route(lane)).address
+            (routes[lane] if lane in routes else route(self._endpoints, lane, self.rank)).address
             for lane in positions
         }
         if len(chosen) > 1:
