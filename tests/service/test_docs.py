@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -224,7 +225,8 @@ def exposed_metric_names(corpus_specs) -> dict[str, str]:
 
     pipe = make_pipeline(corpus_specs, lanes=2, ops=[("pack_flat", {"max_length": 64})])
     pipe.add("batch", microbatch_size=2)
-    hub = LaneHub(pipe, ExecutionConfig(runner="threads", workers=1))
+    index_dir = tempfile.mkdtemp(prefix="zephon-docs-index-")  # the index families too
+    hub = LaneHub(pipe, ExecutionConfig(runner="threads", workers=1, index_dir=index_dir))
     hub.start()
     try:
         deadline = time.monotonic() + 60
@@ -236,6 +238,7 @@ def exposed_metric_names(corpus_specs) -> dict[str, str]:
         text = generate_latest(registry).decode()
     finally:
         hub.stop()
+        shutil.rmtree(index_dir, ignore_errors=True)
     found = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M))
     return {name: kind for name, kind in found.items() if not name.endswith("_created")}
 

@@ -22,6 +22,7 @@ from ..engine.numbered_batch import NumberedBatch
 from ..engine.replay_cache import ReplayCache
 from ..engine.storage.metrics import StorageStats, histogram, storage_stats
 from ..runtime.allocator import current_name
+from .index_metrics import IndexDiskCollector
 from .metric_carry import Carry
 
 
@@ -77,6 +78,8 @@ class ServiceMetrics:
         self._lock = threading.Lock()
         if hub is not None:
             registry.register(EngineCollector(hub))
+            plan = hub.plan
+            registry.register(IndexDiskCollector(plan.index, plan.execution.spill_max_bytes))
         registry.register(ReplayCacheCollector(hub.replay_cache if hub is not None else None))
         registry.register(StorageCollector())
 
