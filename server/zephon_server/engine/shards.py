@@ -52,13 +52,13 @@ import contextlib
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from .byte_lru import ByteLRU
 from .decompression import Frame, decompress_shard
 from .errors import DataError, ShardChanged
 from .index_dir import IndexDir
@@ -157,12 +157,12 @@ def _check_rows(path: str, idx: np.ndarray, n: int) -> None:
 class ShardCache:
     """Thread-safe, per-process reader of shard rows with bounded caches.
 
-    ``max_bytes`` bounds decompressed JSONL shards, zstd frames and decoded Parquet row groups
-    (LRU). ``index`` holds the shards' index entries (default: in memory only);
+    ``max_bytes`` bounds decompressed JSONL shards, zstd frames, object-store blocks and
+    decoded Parquet row groups (a :class:`~.byte_lru.ByteLRU`). ``index`` holds the shards' index entries (default: in memory only);
     ``max_open_indexes`` bounds the entries kept open; Parquet footers are kept in a bounded
     LRU (:mod:`.parquet_footers`).
     Counters ``hits``, ``misses``, ``evictions``, ``index_builds``, ``decompressions``,
-    ``frame_reads``, ``footer_reads``, ``row_group_reads`` and ``bytes_cached`` are plain
+    ``frame_reads``, ``footer_reads``, ``row_group_reads`` and ``bytes_cached`` are read as
     attributes for metrics. Pickling a cache yields an empty cache with the same budget and
     index directory, so operators holding one can cross processes.
     """
@@ -193,10 +193,7 @@ class ShardCache:
         )
         self.spills = 0
         self.spill_hits = 0
-        self.bytes_cached = 0
-        self.hits = 0
         self.misses = 0
-        self.evictions = 0
         self.index_builds = 0
         self.decompressions = 0
         self.frame_reads = 0
@@ -204,12 +201,11 @@ class ShardCache:
         self.row_group_reads = 0
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
-        self._lru: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._lru = ByteLRU(max_bytes)
         # Entry locks are taken before (never while holding) an LRU stripe.
         self._entries = OpenIndexes(self.index, max_open_indexes, self._build_entry)
         self._counts: dict[tuple[str, str, str], int] = {}  # (path, format, identity) -> rows
         self._footers = FooterCache()
-        self._too_big_warned: set[Hashable] = set()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
@@ -336,15 +332,15 @@ class ShardCache:
         """A snapshot of the cache counters."""
         with self._lock:
             return {
-                "hits": self.hits,
+                "hits": self._lru.hits,
                 "misses": self.misses,
-                "evictions": self.evictions,
+                "evictions": self._lru.evictions,
                 "index_builds": self.index_builds,
                 "decompressions": self.decompressions,
                 "frame_reads": self.frame_reads,
                 "footer_reads": self.footer_reads,
                 "row_group_reads": self.row_group_reads,
-                "bytes_cached": self.bytes_cached,
+                "bytes_cached": self._lru.bytes_cached,
                 "spills": self.spills,
                 "spill_hits": self.spill_hits,
                 "entries": len(self._lru),
@@ -355,62 +351,30 @@ class ShardCache:
     def clear(self) -> None:
         """Drop every cached index, shard and row group (counters are kept; the files of an
         index directory stay)."""
+        self._lru.clear()
         with self._lock:
-            self._lru.clear()
             self._counts.clear()
             self._footers.clear()
-            self.bytes_cached = 0
         self._entries.clear()
         self.index.store.forget_memory()
 
     # ------------------------------------------------------------------ LRU
 
+    @property
+    def bytes_cached(self) -> int:
+        """Bytes the cached shards, frames, blocks and row groups take now."""
+        return self._lru.bytes_cached
+
+    @property
+    def hits(self) -> int:
+        return self._lru.hits
+
+    @property
+    def evictions(self) -> int:
+        return self._lru.evictions
+
     def _stripe(self, key: Hashable) -> threading.Lock:
         return self._stripes[hash(key) % _LOCK_STRIPES]
-
-    def _lru_look(self, key: Hashable) -> Any:
-        """The value of ``key`` in the LRU, or None (its recency unchanged)."""
-        with self._lock:
-            item = self._lru.get(key)
-            return None if item is None else item[0]
-
-    def _lru_drop(self, key: Hashable) -> None:
-        with self._lock:
-            old = self._lru.pop(key, None)
-            if old is not None:
-                self.bytes_cached -= old[1]
-
-    def _lru_get(self, key: Hashable) -> Any:
-        with self._lock:
-            item = self._lru.get(key)
-            if item is None:
-                return None
-            self._lru.move_to_end(key)
-            self.hits += 1
-            return item[0]
-
-    def _lru_put(self, key: Hashable, value: Any, nbytes: int) -> None:
-        with self._lock:
-            old = self._lru.pop(key, None)
-            if old is not None:
-                self.bytes_cached -= old[1]
-            if nbytes > self.max_bytes:
-                if key not in self._too_big_warned:
-                    self._too_big_warned.add(key)
-                    logger.warning(
-                        "shard cache entry %r needs %d bytes, more than the whole budget of %d "
-                        "bytes; it will be re-read on every access (raise max_bytes)",
-                        key,
-                        nbytes,
-                        self.max_bytes,
-                    )
-                return
-            while self._lru and self.bytes_cached + nbytes > self.max_bytes:
-                _, (_, freed) = self._lru.popitem(last=False)
-                self.bytes_cached -= freed
-                self.evictions += 1
-            self._lru[key] = (value, nbytes)
-            self.bytes_cached += nbytes
 
     # ------------------------------------------------------------------ index entries
 
@@ -458,8 +422,8 @@ class ShardCache:
                 path,
                 shard.identity,
                 spans,
-                self._lru_get,
-                self._lru_put,
+                self._lru.get,
+                self._lru.put,
                 lambda load: _checked_load(path, shard.identity, load),
             )
             for i, row in zip(order, rows):
@@ -495,15 +459,15 @@ class ShardCache:
 
     def _cached(self, key: Hashable, load: Callable[[], tuple[Any, int]]) -> Any:
         """``key`` from the LRU, or ``load()`` -> (value, nbytes) once under the key's lock."""
-        hit = self._lru_get(key)
+        hit = self._lru.get(key)
         if hit is not None:
             return hit
         with self._stripe(key):
-            hit = self._lru_get(key)
+            hit = self._lru.get(key)
             if hit is not None:
                 return hit
             value, nbytes = load()
-            self._lru_put(key, value, nbytes)
+            self._lru.put(key, value, nbytes)
             return value
 
     def _compressed(
@@ -600,7 +564,7 @@ class ShardCache:
             try:
                 fd = os.open(data.path, os.O_RDONLY)
             except FileNotFoundError:
-                self._lru_drop(key)  # removed for room: spill it again
+                self._lru.drop(key)  # removed for room: spill it again
                 if attempt:
                     raise
                 continue
@@ -632,7 +596,7 @@ class ShardCache:
         )
         with contextlib.suppress(OSError):
             os.unlink(path)
-        self._lru_drop(key)
+        self._lru.drop(key)
 
     def _rows_at(
         self, fd: int, path: str, starts: np.ndarray, idx: np.ndarray, limit: int | None
@@ -663,7 +627,7 @@ class ShardCache:
         """Rows of a multi-frame zstd shard, read frame by frame; None to read it whole (it
         is decompressed in the LRU already, has one frame, or is not indexed yet)."""
         key = (shard.path, shard.format, shard.identity)
-        cached = self._lru_look(key)
+        cached = self._lru.look(key)
         in_memory = cached is not None and not isinstance(cached[0], (Spilled, Unspilled))
         if shard.format != JSONL_ZST or is_url(shard.path) or in_memory:
             return None  # an object is downloaded whole (one verified pass, few requests)
