@@ -158,9 +158,9 @@ class ShardCache:
     """Thread-safe, per-process reader of shard rows with bounded caches.
 
     ``max_bytes`` bounds decompressed JSONL shards, zstd frames, object-store blocks and
-    decoded Parquet row groups (a :class:`~.byte_lru.ByteLRU`). ``index`` holds the shards' index entries (default: in memory only);
-    ``max_open_indexes`` bounds the entries kept open; Parquet footers are kept in a bounded
-    LRU (:mod:`.parquet_footers`).
+    decoded Parquet row groups (a :class:`~.byte_lru.ByteLRU`). ``index`` holds the shards'
+    index entries (default: in memory only); ``max_open_indexes`` bounds the entries kept
+    open; Parquet footers are kept in a bounded LRU (:mod:`.parquet_footers`).
     Counters ``hits``, ``misses``, ``evictions``, ``index_builds``, ``decompressions``,
     ``frame_reads``, ``footer_reads``, ``row_group_reads`` and ``bytes_cached`` are read as
     attributes for metrics. Pickling a cache yields an empty cache with the same budget and
