@@ -229,6 +229,7 @@ class RenderChat(Operator):
         self.texts = TextDatasets(text_datasets, text_bos, text_eos)
         self._warned_unwritten = False
         self._warned_cut = False
+        self._warned_both = False
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._skeletons: Skeletons | None = None
@@ -380,8 +381,11 @@ class RenderChat(Operator):
                 "a dataset of plain text is trained whole when render_chat.text_datasets "
                 "names it)",
             )
-        value = obj[self.messages_field] if isinstance(obj, dict) else obj
-        return self._chat(obj, value, self.messages_field)
+        if isinstance(obj, dict):
+            if not self._warned_both and self.prompt_field in obj and self.completion_field in obj:
+                self._warn_both(rec)
+            return self._chat(obj, obj[self.messages_field], self.messages_field)
+        return self._chat(obj, obj, self.messages_field)
 
     def _chat(self, obj: Any, value: Any, field: str, first_trained: int = 0) -> Rendered:
         """A conversation rendered and laid out; no message before ``first_trained`` (a
@@ -546,6 +550,24 @@ class RenderChat(Operator):
             self.max_length,
             self._where(rec),
             tokens,
+        )
+
+    def _warn_both(self, rec: SampleRecord) -> None:
+        """Log once that records hold both a conversation and a prompt and completion: the
+        conversation is what is rendered (a lone ``prompt`` beside ``messages``, as UltraChat
+        keeps its first user turn, is not warned about)."""
+        self._warned_both = True
+        log.warning(
+            "render_chat: %s has %r and also %r and %r: its %s are rendered and trained, its "
+            "%s and %s are not read. Set render_chat.messages_field to a field the records do "
+            "not have to train the prompt/completion pairs instead. Logged once per worker.",
+            self._where(rec),
+            self.messages_field,
+            self.prompt_field,
+            self.completion_field,
+            self.messages_field,
+            self.prompt_field,
+            self.completion_field,
         )
 
     def _where(self, rec: SampleRecord) -> str:
