@@ -29,7 +29,10 @@ def test_prometheus_scrapes_stalls_reorder_depth_and_exact_batch_count(tmp_path,
         tmp_path / "p.yaml", corpus_dir, chunk_size=5, k=1, batch=3, extra_ops=stalling_ops()
     )
     metrics_port = free_port()
-    with server(["--config", str(cfg), "--metrics-port", str(metrics_port)], tmp_path) as srv:
+    index_dir = tmp_path / "index"
+    args = ["--config", str(cfg), "--metrics-port", str(metrics_port)]
+    args += ["--index-dir", str(index_dir)]
+    with server(args, tmp_path) as srv:
         received = wire_bytes = 0
         for lane in range(4):
             batches, end = read_lane(srv.stub(), lane)
@@ -60,6 +63,15 @@ def test_prometheus_scrapes_stalls_reorder_depth_and_exact_batch_count(tmp_path,
             assert prom.query("zephon_op_seconds_count")
             shares = prom.query("zephon_dataset_token_share")
             assert {s["metric"]["dataset"] for s in shares} == {"web", "books", "code"}
+            # the index the start wrote: its entries and catalogs, as the budget counts them
+            on_disk = sum(
+                p.stat().st_blocks * 512
+                for p in index_dir.rglob("*")
+                if p.is_file() and "spill" not in p.relative_to(index_dir).parts
+            )
+            index_bytes = prom.query("zephon_index_dir_bytes")
+            assert float(index_bytes[0]["value"][1]) == on_disk > 0
+            assert float(prom.query("zephon_index_dir_budget_bytes")[0]["value"][1]) > on_disk
 
 
 def test_engine_collector_with_injected_registry(corpus_specs):
