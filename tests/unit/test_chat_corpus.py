@@ -6,17 +6,8 @@ from __future__ import annotations
 import json
 
 from tests.support.chat_helpers import decode
+from tests.support.chat_helpers import render_rows as render
 from zephon_server.engine.ops.render_chat import RenderChat
-from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
-
-
-def render(op: RenderChat, rows: list[dict]) -> list[SampleRecord]:
-    recs = []
-    for i, row in enumerate(rows):
-        doc = DocRef(0, 0, i)
-        meta = SampleMeta(0, (0, i), 0, doc, (doc,))
-        recs.append(SampleRecord({"raw": json.dumps(row).encode()}, meta))
-    return op.process_many(recs)
 
 
 def test_chat_corpus_is_deterministic_and_its_template_is_chatml(tmp_path):

@@ -14,7 +14,6 @@ file system limit are in ``tests/service/test_render_chat.py``.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,31 +29,21 @@ from tests.support.chat_helpers import (
     rows_and_tombstones,
     trained_runs,
 )
+from tests.support.chat_helpers import (
+    render_rows as render,
+)
 from zephon_server.engine.chat_corpus import generate_conversations
 from zephon_server.engine.config import parse_config
 from zephon_server.engine.corpus import write_jsonl
 from zephon_server.engine.errors import ConfigError, DataError
 from zephon_server.engine.ops.render_chat import RenderChat
-from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
+from zephon_server.engine.records import SampleRecord
 from zephon_server.engine.token_masks import token_mask
 
 pytestmark = pytest.mark.timeout(120)
 
 END = {"chatml": "<|im_end|>", "headers": "<|eot_id|>", "inst": "</s>"}
 HEADER = {"chatml": "<|im_start|>assistant\n", "headers": "<|start_header_id|>assistant"}
-
-
-def records(rows: list[Any]) -> list[SampleRecord]:
-    out = []
-    for i, row in enumerate(rows):
-        doc = DocRef(0, 0, i)
-        raw = row if isinstance(row, bytes) else json.dumps(row).encode()
-        out.append(SampleRecord({"raw": raw}, SampleMeta(0, (0, i), 0, doc, (doc,))))
-    return out
-
-
-def render(op: RenderChat, rows: list[Any]) -> list[SampleRecord]:
-    return op.process_many(records(rows))
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
 from tests.support.chat_helpers import chat_tokenizer
+from tests.support.chat_helpers import render_rows as render
 from zephon_server.engine.ops.render_chat import RenderChat
-from zephon_server.engine.records import DocRef, SampleMeta, SampleRecord
 
 MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
 
@@ -17,15 +14,6 @@ MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory) -> str:
     return chat_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
-
-
-def render(op: RenderChat, rows: list[Any]) -> list[SampleRecord]:
-    recs = []
-    for i, row in enumerate(rows):
-        doc = DocRef(0, 0, i)
-        meta = SampleMeta(0, (0, i), 0, doc, (doc,))
-        recs.append(SampleRecord({"raw": json.dumps(row).encode()}, meta))
-    return op.process_many(recs)
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

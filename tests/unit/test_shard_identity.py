@@ -163,6 +163,23 @@ def test_a_dataset_whose_every_shard_is_gone_fails_even_under_skip(tmp_path: Pat
     run.close()
 
 
+def test_a_dataset_whose_every_shard_is_gone_ends_under_stop_with_every_row_counted(
+    tmp_path: Path, caplog
+) -> None:
+    """Under ``exhaustion: stop`` such a dataset ends (it cannot spin): every row is skipped
+    and counted, and the end says that every record was skipped."""
+    path = write_corpus(tmp_path, shards=2)[0].path
+    specs = [DatasetSpec("web", str(path), 1.0, on_error="skip", exhaustion="stop")]
+    run = pipeline(specs).run(INLINE)
+    for shard in ("part-00000.jsonl", "part-00001.jsonl"):
+        (tmp_path / "web" / shard).unlink()
+    with caplog.at_level("WARNING"):
+        assert take(run, 10_000) == []
+    assert run.stats()["skipped"] == {"web": len(ROWS)}
+    assert any("every record skipped" in r.getMessage() for r in caplog.records)
+    run.close()
+
+
 def test_a_file_changing_while_it_is_indexed_is_refused(tmp_path: Path, monkeypatch) -> None:
     """Unit test of the shard cache: the index is built between two stats."""
     from zephon_server.engine import shards as shards_mod
